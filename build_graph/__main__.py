@@ -1,0 +1,3 @@
+from build_graph.cli import main
+
+raise SystemExit(main())

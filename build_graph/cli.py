@@ -1,0 +1,197 @@
+"""bgraph commands: build, query, why, explain, exec. Wires concrete objects; holds no logic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from build_graph.errors import BgraphError
+from build_graph.labels import expand, parse_label
+from build_graph.workspace import Workspace, find_root, load
+
+
+def cache_dir(ws: Workspace, flag: str | None) -> Path:
+    """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml defaults.cache_dir, else ~/.cache/bgraph."""
+    chosen = flag or os.environ.get("BGRAPH_CACHE") or ws.model.defaults.cache_dir or "~/.cache/bgraph"
+    path = Path(os.path.expanduser(chosen))
+    return path if path.is_absolute() else ws.root / path
+
+
+def default_max_mem_mb() -> int:
+    """80% of physical memory."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8 / (1 << 20))
+
+
+def _workspace(args) -> Workspace:
+    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
+    return load(root)
+
+
+def cmd_build(args, console: Console) -> int:
+    from build_graph.engine import BuildOptions, Engine
+    from build_graph.report import RichReporter, print_summary
+
+    ws = _workspace(args)
+    labels = expand(args.targets, ws.targets)
+    options = BuildOptions(
+        jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
+        max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
+        keep_going=args.keep_going, check=bool(args.check or args.check_sample),
+        check_sample=args.check_sample)
+    reporter = RichReporter(console) if not args.json else None
+    engine = Engine(ws, cache_dir(ws, args.cache_dir), options, reporter)
+    result = engine.build(labels)
+    summary = result.summary()
+    if not result.failures:
+        summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
+    for err in result.failures:
+        console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print_summary(console, summary)
+    if summary["differing"]:
+        return 3
+    return 0 if summary["ok"] else 1
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)
+
+
+def cmd_query(args, console: Console) -> int:
+    from build_graph.graph import Query, build_graph
+    from build_graph.report import render_labels
+
+    ws = _workspace(args)
+    g = build_graph(ws)
+    labels, edges = Query(ws, g).run(args.expr)
+    render_labels(labels, edges, args.output, console, {l: g.nodes[l]["kind"] for l in labels})
+    return 0
+
+
+def cmd_why(args, console: Console) -> int:
+    from build_graph.graph import allpaths, build_graph
+    from build_graph.report import paths_tree
+
+    ws = _workspace(args)
+    g = build_graph(ws)
+    a, b = (parse_label(x) for x in (args.source, args.dest))
+    for lab in (a, b):
+        ws.target(lab)
+    paths = allpaths(g, a, b)
+    if not paths:
+        console.print(f"{a} does not depend on {b}", highlight=False)
+        return 1
+    edges = sorted({(p[i], p[i + 1]) for p in paths for i in range(len(p) - 1)})
+    console.print(f"{a} depends on {b} through {len(paths)} path(s):", highlight=False)
+    console.print(paths_tree([n for p in paths for n in p], edges, root=a))
+    return 0
+
+
+def cmd_explain(args, console: Console) -> int:
+    from build_graph.model import Digester
+    from build_graph.report import render_explain
+    from build_graph.store.trace import Trace
+
+    ws = _workspace(args)
+    label = parse_label(args.label)
+    ws.target(label)
+    base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name
+    trace = Trace(base, base.parent / "tmp")
+    data = trace.load(str(label))
+    if args.json:
+        print(json.dumps(data.get("last_build", []), indent=1))
+    else:
+        render_explain(str(label), data, console)
+    return 0
+
+
+def cmd_exec(args, console: Console) -> int:
+    """Build LABEL, then run a command in the sandbox with its output at /bgraph/target."""
+    from build_graph.engine import BuildOptions, Engine
+    from build_graph.model import Action, HostTool
+    from build_graph.rules.base import BASE_ENV
+
+    ws = _workspace(args)
+    label = parse_label(args.label)
+    ws.target(label)
+    engine = Engine(ws, cache_dir(ws, args.cache_dir), BuildOptions(jobs=os.cpu_count() or 1,
+                                                                    max_mem_mb=default_max_mem_mb()))
+    result = engine.build([label])
+    if result.failures:
+        for err in result.failures:
+            console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
+        return 1
+    out = result.outputs[label]
+    env = dict(BASE_ENV, PATH="/bgraph/target/bin:/usr/bin:/bin")
+    action = Action(name="exec", mnemonic="Exec", argv=tuple(args.argv), env=tuple(sorted(env.items())),
+                    inputs=(("/bgraph/target", out.tree),), host_paths=("/usr",), cwd="/bgraph/target",
+                    cacheable=False)
+    import subprocess
+    import tempfile
+    work = Path(tempfile.mkdtemp(dir=engine.cas.tmp))
+    try:
+        return subprocess.call(engine.sandbox.command(action, work))
+    finally:
+        from build_graph.store.cas import rmtree
+        rmtree(work)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bgraph", description="A reproducible build graph for GPU inference stacks.")
+    p.add_argument("-C", "--workspace", help="workspace root (default: nearest WORKSPACE.toml)")
+    p.add_argument("--cache-dir", help="cache directory (default: $BGRAPH_CACHE or ~/.cache/bgraph)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build targets")
+    b.add_argument("targets", nargs="+", help="labels or patterns (//pkg:name, //pkg:all, //...)")
+    b.add_argument("-j", "--jobs", type=int, help="parallel actions (default: cores)")
+    b.add_argument("--max-mem", type=int, help="memory budget in MiB for running actions (default: 80%% of RAM)")
+    b.add_argument("-k", "--keep-going", action="store_true", help="build what can be built after a failure")
+    b.add_argument("--check", action="store_true", help="re-execute cached actions and report differing outputs")
+    b.add_argument("--check-sample", type=int, metavar="N", help="like --check, for N sampled actions")
+    b.add_argument("--json", action="store_true", help="print the summary as JSON")
+    b.set_defaults(fn=cmd_build)
+
+    q = sub.add_parser("query", help="deps(X), rdeps(U, X), somepath(A, B), allpaths(A, B), kind(K, X)")
+    q.add_argument("expr")
+    q.add_argument("--output", choices=["label", "tree", "json"], default="label")
+    q.set_defaults(fn=cmd_query)
+
+    w = sub.add_parser("why", help="the dependency paths from A to B, as a tree")
+    w.add_argument("source")
+    w.add_argument("dest")
+    w.set_defaults(fn=cmd_why)
+
+    e = sub.add_parser("explain", help="what ran in the last build of LABEL, and why")
+    e.add_argument("label")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_explain)
+
+    x = sub.add_parser("exec", help="run a command in the sandbox over a target's output")
+    x.add_argument("label")
+    x.add_argument("argv", nargs=argparse.REMAINDER)
+    x.set_defaults(fn=cmd_exec)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "exec" and args.argv[:1] == ["--"]:
+        args.argv = args.argv[1:]
+    console = Console(stderr=True)
+    try:
+        return args.fn(args, console)
+    except BgraphError as e:
+        console.print("[red]error:[/] " + _escape(e.render()), highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: the store is consistent; finished actions are cached")
+        return 130

@@ -1,0 +1,149 @@
+"""Fixed-output downloads: pinned PyPI files through pip's configured index, and plain URLs.
+
+The index is read from pip's configuration (index-url, extra-index-url, environment and
+config files), never hard-coded; the simple API is parsed by pypi-simple. A download is
+accepted only if its sha256 matches the pin; otherwise nothing is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import requests
+from pypi_simple import ACCEPT_ANY, ProjectPage
+
+from build_graph.errors import FetchError
+from build_graph.model import Action, ActionResult, Tree
+from build_graph.store.cas import LocalCas
+
+
+def pip_indexes() -> list[str]:
+    """Index URLs in pip's order: index-url (or pip's default), then extra-index-url."""
+    from pip._internal.configuration import Configuration
+    from pip._internal.models.index import PyPI
+
+    config = Configuration(isolated=False)
+    config.load()
+    values: dict[str, str] = {}
+    for key, value in config.items():
+        values[key.split(".", 1)[-1]] = value
+    primary = os.environ.get("PIP_INDEX_URL") or values.get("index-url") or PyPI.simple_url
+    extra = os.environ.get("PIP_EXTRA_INDEX_URL") or values.get("extra-index-url") or ""
+    return [primary, *shlex.split(extra)]
+
+
+def _get(url: str, session: requests.Session, **kw) -> requests.Response:
+    for attempt in range(3):
+        try:
+            r = session.get(url, timeout=60, **kw)
+            if r.status_code < 500:
+                return r
+        except requests.RequestException as e:
+            if attempt == 2:
+                raise FetchError(f"cannot reach {url}: {e}") from None
+        time.sleep(1 + attempt)
+    return r
+
+
+def _local_path(url: str) -> Path:
+    return Path(unquote(urlparse(url).path))
+
+
+def find_on_index(project: str, filename: str, session: requests.Session) -> tuple[list[str], list[str]]:
+    """Candidate URLs for `filename` across pip's indexes, and the indexes asked."""
+    found, asked = [], []
+    for index in pip_indexes():
+        page_url = index.rstrip("/") + "/" + project.lower().replace("_", "-").replace(".", "-") + "/"
+        asked.append(index)
+        if page_url.startswith("file:"):
+            p = _local_path(page_url)
+            page = p / "index.html" if p.is_dir() else p
+            if not page.is_file():
+                continue
+            text = page.read_text(errors="replace")
+            for link in _links(text, page_url):
+                if link[0] == filename:
+                    found.append(link[1])
+            continue
+        r = _get(page_url, session, headers={"Accept": ACCEPT_ANY})
+        if r.status_code == 404:
+            continue
+        if not r.ok:
+            continue
+        page = ProjectPage.from_response(r, project)
+        for pkg in page.packages:
+            if pkg.filename == filename:
+                found.append(pkg.url)
+    return found, asked
+
+
+def _links(html: str, base: str):
+    page = ProjectPage.from_html("x", html, base_url=base)
+    return [(p.filename, p.url) for p in page.packages]
+
+
+class Fetcher:
+    """Runs fetch actions; verifies the pinned sha256 while streaming into the CAS."""
+
+    def __init__(self, cas: LocalCas):
+        self.cas = cas
+        self.session = requests.Session()
+
+    def run(self, action: Action) -> tuple[Tree, ActionResult]:
+        spec = dict(action.spec)
+        start = time.monotonic()
+        if spec["source"] == "pypi":
+            urls, asked = find_on_index(spec["project"], spec["filename"], self.session)
+            if not urls:
+                raise FetchError(f"{spec['filename']} is not on any configured index",
+                                 where=f"pin {spec.get('pin')}", hint=f"indexes asked: {', '.join(asked)}")
+        else:
+            urls = [spec["url"]]
+        errors = []
+        for url in urls:
+            try:
+                entry = self._download(url, spec["sha256"], spec.get("pin") or spec["filename"])
+                break
+            except FetchError as e:
+                errors.append(e)
+        else:
+            raise errors[-1]
+        tree = Tree({spec["filename"]: entry})
+        result = ActionResult(self.cas.put_tree(tree), 0, self.cas.put_bytes(b"").digest,
+                              self.cas.put_bytes(("\n".join(urls) + "\n").encode()).digest,
+                              round(time.monotonic() - start, 3), 1)
+        return tree, result
+
+    def _download(self, url: str, sha256: str, what: str):
+        fd, tmp = tempfile.mkstemp(dir=self.cas.tmp, prefix="fetch-")
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                if url.startswith("file:"):
+                    with open(_local_path(url), "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                            out.write(chunk)
+                else:
+                    with self.session.get(url, stream=True, timeout=120) as r:
+                        if not r.ok:
+                            raise FetchError(f"HTTP {r.status_code} for {url}", where=what)
+                        for chunk in r.iter_content(1 << 20):
+                            h.update(chunk)
+                            out.write(chunk)
+            got = h.hexdigest()
+            if got != sha256:
+                raise FetchError(f"sha256 mismatch for {url}: expected {sha256}, got {got}; nothing was stored",
+                                 where=what, hint="if the new file is trusted, update the pin's sha256")
+            return self.cas.put_file(tmp, executable=False, move=True)
+        except requests.RequestException as e:
+            raise FetchError(f"download of {url} failed: {e}", where=what) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

@@ -1,0 +1,144 @@
+"""The target DAG (networkx) and its queries: deps, rdeps, somepath, allpaths, kind."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import networkx as nx
+
+from build_graph.errors import GraphError, QueryError
+from build_graph.labels import Label, expand, parse_label
+from build_graph.workspace import Workspace
+
+
+def build_graph(ws: Workspace) -> nx.DiGraph:
+    """Edges point from a target to each dependency; a cycle is reported as the full cycle."""
+    from build_graph.rules.registry import RULES
+
+    g = nx.DiGraph()
+    for label, target in ws.targets.items():
+        g.add_node(label, kind=target.kind)
+        for _key, text in RULES[target.kind].deps(target.attrs):
+            g.add_edge(label, parse_label(text, package=label.package))
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        return g
+    labels = [str(a) for a, _ in cycle] + [str(cycle[0][0])]
+    first = ws.targets[cycle[0][0]]
+    raise GraphError("dependency cycle: " + " -> ".join(labels), where=f"{first.file} [{first.table}]")
+
+
+def deps(g: nx.DiGraph, roots: Iterable[Label]) -> list[Label]:
+    """Roots and everything they depend on, dependencies first."""
+    nodes: set[Label] = set()
+    for r in roots:
+        nodes.add(r)
+        nodes |= nx.descendants(g, r)
+    return list(reversed(list(nx.topological_sort(g.subgraph(nodes)))))
+
+
+def rdeps(g: nx.DiGraph, universe: Iterable[Label], targets: Iterable[Label]) -> list[Label]:
+    """Members of the universe that depend on (or are) one of the targets."""
+    uni = set(universe)
+    out: set[Label] = set()
+    for t in targets:
+        out |= ({t} | nx.ancestors(g, t)) & uni
+    return sorted(out)
+
+
+def allpaths(g: nx.DiGraph, src: Label, dst: Label) -> list[list[Label]]:
+    return [list(p) for p in nx.all_simple_paths(g, src, dst)] if src != dst else [[src]]
+
+
+def somepath(g: nx.DiGraph, src: Label, dst: Label) -> list[Label]:
+    try:
+        return list(nx.shortest_path(g, src, dst))
+    except nx.NetworkXNoPath:
+        return []
+
+
+# -- query expressions --------------------------------------------------------------
+_TOKEN = re.compile(r"\s*(?:(?P<word>[A-Za-z_]+)\s*\(|(?P<close>\))|(?P<comma>,)|(?P<atom>[^\s(),]+))")
+
+
+class Query:
+    """deps(X) | rdeps(U, X) | somepath(A, B) | allpaths(A, B) | kind(NAME, X) | a label or pattern.
+
+    The result is a set of labels, plus (for path queries) the edges that make the paths.
+    """
+
+    def __init__(self, ws: Workspace, g: nx.DiGraph):
+        self.ws, self.g = ws, g
+
+    def run(self, text: str) -> tuple[list[Label], list[tuple[Label, Label]]]:
+        tokens = self._tokens(text)
+        labels, edges = self._expr(tokens)
+        if tokens:
+            raise QueryError(f"unexpected {tokens[0][1]!r} after a complete expression", where=text)
+        return sorted(set(labels)), edges
+
+    def _tokens(self, text: str) -> list[tuple[str, str]]:
+        out, pos = [], 0
+        text = text.strip()
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if not m or m.end() == pos:
+                raise QueryError(f"cannot parse query at {text[pos:]!r}", where=text)
+            kind = m.lastgroup
+            out.append((kind, m.group(kind)))
+            pos = m.end()
+        return out
+
+    def _expect(self, tokens, kind: str) -> str:
+        if not tokens or tokens[0][0] != kind:
+            got = tokens[0][1] if tokens else "end of query"
+            raise QueryError(f"expected {'a ' + kind if kind != 'close' else ')'} but got {got!r}")
+        return tokens.pop(0)[1]
+
+    def _expr(self, tokens) -> tuple[list[Label], list[tuple[Label, Label]]]:
+        if not tokens:
+            raise QueryError("empty query")
+        kind, value = tokens.pop(0)
+        if kind == "atom":
+            return expand([value], self.ws.targets), []
+        if kind != "word":
+            raise QueryError(f"unexpected {value!r}")
+        fn = value
+        if fn == "kind":
+            name = self._expect(tokens, "atom")
+            self._expect(tokens, "comma")
+            inner, _ = self._expr(tokens)
+            self._expect(tokens, "close")
+            pat = re.compile(name)
+            return [lab for lab in inner if pat.fullmatch(self.g.nodes[lab]["kind"])], []
+        args = [self._expr(tokens)[0]]
+        while tokens and tokens[0][0] == "comma":
+            tokens.pop(0)
+            args.append(self._expr(tokens)[0])
+        self._expect(tokens, "close")
+        arity = {"deps": 1, "rdeps": 2, "somepath": 2, "allpaths": 2}
+        if fn not in arity:
+            raise QueryError(f"unknown function {fn!r}", hint="use deps, rdeps, somepath, allpaths or kind")
+        if len(args) != arity[fn]:
+            raise QueryError(f"{fn} takes {arity[fn]} argument(s), got {len(args)}")
+        if fn == "deps":
+            found = deps(self.g, args[0])
+            return found, [(a, b) for a, b in self.g.subgraph(found).edges]
+        if fn == "rdeps":
+            found = rdeps(self.g, args[0], args[1])
+            return found, [(a, b) for a, b in self.g.subgraph(found).edges]
+        paths = []
+        for a in args[0]:
+            for b in args[1]:
+                if fn == "somepath":
+                    p = somepath(self.g, a, b)
+                    paths += [p] if p else []
+                    if p:
+                        break
+                else:
+                    paths += allpaths(self.g, a, b)
+        nodes = [n for p in paths for n in p]
+        edges = sorted({(p[i], p[i + 1]) for p in paths for i in range(len(p) - 1)})
+        return nodes, edges

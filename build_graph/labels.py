@@ -1,0 +1,84 @@
+"""Parse and match labels (`//pkg:name`) and patterns (`//pkg:all`, `//pkg/...`, `//...`)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from build_graph.errors import LabelError
+
+_PKG = r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*"
+_NAME = r"[A-Za-z0-9_.+-]+"
+_LABEL_RE = re.compile(rf"^//(?P<pkg>{_PKG})?:(?P<name>{_NAME})$")
+_RELATIVE_RE = re.compile(rf"^:(?P<name>{_NAME})$")
+_RECURSIVE_RE = re.compile(rf"^//(?:(?P<pkg>{_PKG})/)?\.\.\.$")
+
+
+@dataclass(frozen=True, order=True)
+class Label:
+    package: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"//{self.package}:{self.name}"
+
+
+def parse_label(text: str, *, package: str | None = None, where: str | None = None) -> Label:
+    """Parse `//pkg:name` (or `:name` relative to `package`)."""
+    m = _LABEL_RE.match(text)
+    if m:
+        return Label(m.group("pkg") or "", m.group("name"))
+    m = _RELATIVE_RE.match(text)
+    if m and package is not None:
+        return Label(package, m.group("name"))
+    raise LabelError(
+        f"bad label {text!r}",
+        where=where,
+        hint="labels look like //package:name (letters, digits, '_.+-'; packages separated by '/')",
+    )
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A label, `//pkg:all`, `//pkg/...` or `//...`."""
+
+    package: str
+    name: str | None  # None: every target in the package
+    recursive: bool = False
+
+    def matches(self, label: Label) -> bool:
+        if self.recursive:
+            return not self.package or label.package == self.package or label.package.startswith(self.package + "/")
+        return label.package == self.package and (self.name is None or label.name == self.name)
+
+
+def parse_pattern(text: str) -> Pattern:
+    m = _RECURSIVE_RE.match(text)
+    if m:
+        return Pattern(m.group("pkg") or "", None, recursive=True)
+    label = parse_label(text)
+    if label.name == "all":
+        return Pattern(label.package, None)
+    return Pattern(label.package, label.name)
+
+
+def expand(patterns: Iterable[str], known: Iterable[Label]) -> list[Label]:
+    """Expand patterns against the known labels; an unknown label suggests close matches."""
+    known = sorted(known)
+    out: list[Label] = []
+    for text in patterns:
+        pattern = parse_pattern(text)
+        hits = [lab for lab in known if pattern.matches(lab)]
+        if not hits:
+            raise unknown_label(text, known)
+        out.extend(h for h in hits if h not in out)
+    return out
+
+
+def unknown_label(text: str, known: Iterable[Label], where: str | None = None) -> LabelError:
+    names = [str(k) for k in known]
+    close = difflib.get_close_matches(text, names, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else "run `bgraph query //...` to list targets"
+    return LabelError(f"no target matches {text!r}", where=where, hint=hint)

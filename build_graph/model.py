@@ -1,0 +1,302 @@
+"""Core data: digests, Merkle trees, actions and their results, and the Store / Runner seams.
+
+Everything here is immutable data. Trees are kept flat in memory (path -> entry) and
+hashed as a Merkle DAG of directories, like REAPI's `Directory`, so that a tree digest
+is the digest of its root directory node and every subdirectory has its own digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterable, Mapping, Protocol
+
+import blake3
+
+DIGEST_FUNCTIONS = ("blake3", "sha256")
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one canonical encoding that keys and tree nodes are hashed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class Digester:
+    """The workspace's digest function (blake3 by default, sha256 where a remote demands it)."""
+
+    name: str = "blake3"
+
+    def __post_init__(self) -> None:
+        if self.name not in DIGEST_FUNCTIONS:
+            raise ValueError(f"unknown digest function {self.name!r}; use one of {', '.join(DIGEST_FUNCTIONS)}")
+
+    def new(self):
+        return blake3.blake3(max_threads=blake3.blake3.AUTO) if self.name == "blake3" else hashlib.sha256()
+
+    def of(self, data: bytes) -> str:
+        h = self.new()
+        h.update(data)
+        return h.hexdigest()
+
+    def of_json(self, value: Any) -> str:
+        return self.of(canonical_json(value))
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    digest: str
+    size: int
+    executable: bool = False
+
+
+@dataclass(frozen=True)
+class SymlinkEntry:
+    target: str
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    """An explicitly empty directory (non-empty ones are implied by their contents)."""
+
+
+Entry = FileEntry | SymlinkEntry | DirEntry
+
+
+def check_relpath(path: str) -> str:
+    """Normalise a tree path; refuse absolute paths and `..` components."""
+    norm = posixpath.normpath(path)
+    if path.startswith("/") or norm == ".." or norm.startswith("../") or norm == ".":
+        raise ValueError(f"path {path!r} escapes the tree root")
+    return norm
+
+
+class Tree:
+    """An immutable directory tree: relative posix path -> FileEntry | SymlinkEntry | DirEntry."""
+
+    __slots__ = ("entries", "__dict__")
+
+    def __init__(self, entries: Mapping[str, Entry] | Iterable[tuple[str, Entry]] = ()):
+        items = dict(entries)
+        self.entries: dict[str, Entry] = {check_relpath(p): e for p, e in sorted(items.items())}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tree) and self.entries == other.entries
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.entries.items()))
+
+    def __repr__(self) -> str:
+        return f"Tree({len(self.entries)} entries)"
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def files(self) -> dict[str, FileEntry]:
+        return {p: e for p, e in self.entries.items() if isinstance(e, FileEntry)}
+
+    def get(self, path: str) -> Entry | None:
+        return self.entries.get(path)
+
+    def subtree(self, prefix: str) -> "Tree":
+        """The part of the tree under `prefix`, re-rooted there."""
+        prefix = prefix.strip("/")
+        if not prefix:
+            return self
+        cut = prefix + "/"
+        return Tree({p[len(cut):]: e for p, e in self.entries.items() if p.startswith(cut)})
+
+    def prefixed(self, prefix: str) -> "Tree":
+        """The same tree moved under `prefix`."""
+        prefix = prefix.strip("/")
+        if not prefix:
+            return self
+        return Tree({f"{prefix}/{p}": e for p, e in self.entries.items()})
+
+    def select(self, paths: Iterable[str]) -> "Tree":
+        """Only the given files, or directories with everything below them."""
+        wanted = [p.strip("/") for p in paths]
+        return Tree({p: e for p, e in self.entries.items()
+                     if any(p == w or p.startswith(w + "/") for w in wanted)})
+
+    def merged(self, *others: "Tree") -> "Tree":
+        """Union of trees; a path present in two trees with different content is an error."""
+        out = dict(self.entries)
+        for other in others:
+            for p, e in other.entries.items():
+                if p in out and out[p] != e:
+                    raise ValueError(f"conflicting entries for {p!r} when merging trees")
+                out[p] = e
+        return Tree(out)
+
+    def with_executable(self, predicate) -> "Tree":
+        """Mark files whose path satisfies `predicate` executable (wheels lose exec bits)."""
+        return Tree({p: (FileEntry(e.digest, e.size, True) if isinstance(e, FileEntry) and predicate(p) else e)
+                     for p, e in self.entries.items()})
+
+    def directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
+        """Merkle directory nodes: dir path ('' = root) -> (digest, canonical encoding)."""
+        children: dict[str, dict[str, Any]] = {"": {}}
+        for path, entry in self.entries.items():
+            parts = path.split("/")
+            for i in range(len(parts)):
+                d = "/".join(parts[:i])
+                children.setdefault(d, {})
+                if i < len(parts) - 1:
+                    children[d].setdefault(parts[i], "dir")
+            if isinstance(entry, DirEntry):
+                children.setdefault(path, {})
+                children["/".join(parts[:-1])][parts[-1]] = "dir"
+            else:
+                children["/".join(parts[:-1])][parts[-1]] = entry
+        nodes: dict[str, tuple[str, bytes]] = {}
+        # Depth-first so every subdirectory digest is known before its parent's.
+        for d in sorted(children, key=lambda s: (s.count("/") + (1 if s else 0)), reverse=True):
+            files, links, dirs = [], [], []
+            for name, child in sorted(children[d].items()):
+                if child == "dir":
+                    sub = f"{d}/{name}" if d else name
+                    dirs.append([name, nodes[sub][0]])
+                elif isinstance(child, FileEntry):
+                    files.append([name, child.digest, child.size, child.executable])
+                else:
+                    links.append([name, child.target])
+            encoded = canonical_json({"dirs": dirs, "files": files, "symlinks": links})
+            nodes[d] = (digester.of(encoded), encoded)
+        return nodes
+
+    def digest(self, digester: Digester) -> str:
+        cache = self.__dict__.setdefault("_digests", {})
+        if digester.name not in cache:
+            cache[digester.name] = self.directory_nodes(digester)[""][0]
+        return cache[digester.name]
+
+
+EMPTY_TREE = Tree()
+
+
+@dataclass(frozen=True)
+class HostTool:
+    """A host binary an action may use, identified by path, version line and content digest."""
+
+    path: str
+    version: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class Action:
+    """Small frozen data: what to run, over which inputs, producing which outputs.
+
+    kind: "exec" (sandboxed process), "fetch" (fixed-output download), "extract"
+    (archive -> tree, in-process with escape checks).
+    """
+
+    name: str
+    mnemonic: str
+    kind: str = "exec"
+    argv: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    inputs: tuple[tuple[str, Tree], ...] = ()
+    outputs: tuple[str, ...] = ()
+    platform: str = ""
+    toolchain: str | None = None
+    host_paths: tuple[str, ...] = ()
+    host_tools: tuple[HostTool, ...] = ()
+    cwd: str = "/bgraph/out"
+    memory_mb: int = 512
+    rule_version: str = ""
+    spec: tuple[tuple[str, str], ...] = ()
+    cacheable: bool = True
+
+    def description(self, digester: Digester) -> dict[str, Any]:
+        """The canonical description the key is the digest of. Names and labels are left out
+        so identical work planned by two targets is shared."""
+        return {
+            "kind": self.kind,
+            "mnemonic": self.mnemonic,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "inputs": {mount: tree.digest(digester) for mount, tree in self.inputs},
+            "outputs": list(self.outputs),
+            "platform": self.platform,
+            "toolchain": self.toolchain,
+            "host_paths": list(self.host_paths),
+            "host_tools": {t.path: [t.version, t.digest] for t in self.host_tools},
+            "cwd": self.cwd,
+            "rule_version": self.rule_version,
+            "spec": dict(self.spec),
+        }
+
+    def key(self, digester: Digester) -> str:
+        cache = self.__dict__.get("_key")
+        if cache is None or cache[0] != digester.name:
+            cache = (digester.name, digester.of_json(self.description(digester)))
+            object.__setattr__(self, "_key", cache)
+        return cache[1]
+
+    def input_tree(self, mount: str) -> Tree:
+        for m, t in self.inputs:
+            if m == mount:
+                return t
+        raise KeyError(mount)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What the action cache stores for a key."""
+
+    output_tree: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    output_entries: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ActionResult":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a rule sees of a finished action: its output tree and how it was obtained."""
+
+    action: Action
+    tree: Tree
+    status: str  # "executed" | "hit" | "cutoff"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What a target provides to its dependents: a tree plus small JSON-able facts."""
+
+    tree: Tree
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """The CAS seam: blobs and trees by digest."""
+
+    digester: Digester
+
+    def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry: ...
+    def put_file(self, path: str, executable: bool = False) -> FileEntry: ...
+    def read_bytes(self, entry: FileEntry) -> bytes: ...
+    def has(self, entry: FileEntry) -> bool: ...
+    def put_tree(self, tree: Tree) -> str: ...
+    def get_tree(self, digest: str) -> Tree: ...
+    def materialize(self, tree: Tree) -> str: ...
+
+
+class Runner(Protocol):
+    """The execution seam: runs one action and returns its output tree."""
+
+    def run(self, action: Action) -> tuple[Tree, ActionResult]: ...

@@ -1,0 +1,125 @@
+"""Progress, summaries, and the rendering of `why`, `query` and `explain`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.tree import Tree as RichTree
+
+from build_graph.labels import Label
+from build_graph.model import Action
+
+
+class RichReporter:
+    """done/total targets, cache hits, running actions; one line per executed or failed action."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.running: dict[int, str] = {}
+        self.hits = 0
+        self.executed = 0
+        self.lock = threading.Lock()
+        self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                                 console=console, transient=True)
+        self.task = None
+
+    def start(self, total_targets: int) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task("targets", total=total_targets, status="")
+
+    def _refresh(self) -> None:
+        running = list(self.running.values())
+        status = f"executed {self.executed}, hits {self.hits}, running {len(running)}"
+        if running:
+            status += ": " + ", ".join(running[:3]) + (" …" if len(running) > 3 else "")
+        self.progress.update(self.task, status=status)
+
+    def action_started(self, label: Label, action: Action) -> None:
+        with self.lock:
+            self.running[id(action)] = action.name
+            self._refresh()
+
+    def action_done(self, record) -> None:
+        with self.lock:
+            self.running = {k: v for k, v in self.running.items() if v != record.name}
+            if record.status in ("hit", "cutoff"):
+                self.hits += 1
+            elif record.status == "executed":
+                self.executed += 1
+                self.console.print(f"[green]ran[/] {record.label} [dim]{record.name}[/] "
+                                   f"({record.duration_s:.2f}s) [dim]— {record.reason}[/]", highlight=False)
+            elif record.status == "failed":
+                self.console.print(f"[red]FAILED[/] {record.label} {record.name}", highlight=False)
+            self._refresh()
+
+    def target_done(self, label: Label) -> None:
+        self.progress.advance(self.task)
+
+    def finish(self) -> None:
+        self.progress.stop()
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    state = "[green]OK[/]" if summary["ok"] else "[red]FAILED[/]"
+    console.print(f"{state}: executed {summary['executed']}, cache hits {summary['hits']}, "
+                  f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s",
+                  highlight=False)
+    if summary["differing"]:
+        console.print(f"[red]{len(summary['differing'])} action(s) produced different outputs:[/]")
+        for d in summary["differing"]:
+            console.print(f"  {d}", highlight=False)
+
+
+def render_labels(labels: Iterable[Label], edges: list[tuple[Label, Label]], fmt: str, console: Console,
+                  kinds: dict[Label, str]) -> None:
+    labels = list(labels)
+    if fmt == "json":
+        print(json.dumps({"targets": [{"label": str(l), "kind": kinds[l]} for l in labels],
+                          "edges": [[str(a), str(b)] for a, b in edges]}, indent=1))
+    elif fmt == "tree":
+        console.print(paths_tree(labels, edges))
+    else:
+        for label in labels:
+            print(label)
+
+
+def paths_tree(labels: list[Label], edges: list[tuple[Label, Label]], root: Label | None = None) -> RichTree:
+    """Render a DAG (edges: target -> dependency) as a tree from its roots."""
+    children: dict[Label, list[Label]] = {}
+    has_parent = set()
+    for a, b in edges:
+        children.setdefault(a, []).append(b)
+        has_parent.add(b)
+    roots = [root] if root else [l for l in labels if l not in has_parent] or labels[:1]
+    top = RichTree("[bold]query[/]", hide_root=True)
+
+    def add(node: RichTree, label: Label, seen: tuple[Label, ...]) -> None:
+        branch = node.add(str(label))
+        for child in sorted(children.get(label, [])):
+            if child not in seen:
+                add(branch, child, seen + (child,))
+
+    for r in roots:
+        add(top, r, (r,))
+    return top
+
+
+def render_explain(label: str, trace: dict[str, Any], console: Console) -> None:
+    records = trace.get("last_build") or []
+    if not records:
+        console.print(f"{label}: no recorded build")
+        return
+    by = {s: [r for r in records if r["status"] == s] for s in ("executed", "cutoff", "hit")}
+    console.print(f"[bold]{label}[/]: last build executed {len(by['executed'])}, cut off {len(by['cutoff'])}, "
+                  f"hits {len(by['hit'])}", highlight=False)
+    for r in by["executed"]:
+        console.print(f"  [green]ran[/] {r['name']} ({r['duration_s']:.2f}s)\n      why: {r['reason']}", highlight=False)
+    for r in by["cutoff"]:
+        console.print(f"  [yellow]cut off[/] {r['name']}: {r['reason']}", highlight=False)
+    for r in by["hit"]:
+        console.print(f"  [dim]hit {r['name']}[/]", highlight=False)

@@ -1,0 +1,1 @@
+"""Rules: one module per target kind, each a pydantic attrs model plus a pure plan()."""

@@ -1,0 +1,154 @@
+"""What a rule sees while planning, and the helpers that build its actions.
+
+A rule's plan is a generator: it yields lists of actions and receives their Outcomes
+(a continuation), and finally returns a TargetOutput. It never touches the disk or runs
+a process; reading a blob it was handed goes through `ctx.read`, which is content-addressed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+from build_graph.errors import PlanError, where
+from build_graph.labels import Label, parse_label
+from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
+
+PlanGen = Generator[list[Action], list[Outcome], TargetOutput]
+
+# Every sandboxed action starts from this environment; rules add to it. It is part of the key.
+BASE_ENV = {
+    "PATH": "/bgraph/toolchain/bin:/usr/bin:/bin",
+    "LC_ALL": "C",
+    "TZ": "UTC",
+    "SOURCE_DATE_EPOCH": "315532800",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+}
+SRC = "/bgraph/src"
+OUT = "/bgraph/out"
+TOOLCHAIN = "/bgraph/toolchain"
+
+
+class Attrs(BaseModel):
+    """Base of every kind's attribute model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class RuleContext:
+    label: Label
+    attrs: Any
+    file: str
+    table: str
+    platform: str
+    digester: Digester
+    deps: dict[Label, TargetOutput]
+    sources: Tree
+    pins: Any
+    arch_sets: Callable[[Any, str], list[str]]
+    read: Callable[[FileEntry], bytes]
+    probe_host: Callable[[tuple[str, ...]], tuple[HostTool, ...]]
+    rule_version: str = "1"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def where(self, key: str | None = None) -> str:
+        return where(self.file, self.table, key)
+
+    def dep(self, text: str, key: str) -> TargetOutput:
+        """The output of a dependency named in attribute `key`."""
+        return self.deps[parse_label(text, package=self.label.package, where=self.where(key))]
+
+    def fail(self, message: str, key: str | None = None, hint: str | None = None) -> PlanError:
+        return PlanError(message, where=f"{self.label} ({self.where(key)})", hint=hint)
+
+    def exec_action(
+        self,
+        name: str,
+        mnemonic: str,
+        argv: Iterable[str],
+        *,
+        inputs: dict[str, Tree],
+        outputs: Iterable[str],
+        env: dict[str, str] | None = None,
+        toolchain: TargetOutput | None = None,
+        host: TargetOutput | None = None,
+        memory_mb: int = 512,
+        cwd: str = OUT,
+    ) -> Action:
+        """A sandboxed action with the base environment, this platform and rule version."""
+        full_env = dict(BASE_ENV)
+        full_env.update(env or {})
+        mounts = dict(inputs)
+        toolchain_digest = None
+        if toolchain is not None:
+            mounts[TOOLCHAIN] = toolchain.tree
+            toolchain_digest = toolchain.tree.digest(self.digester)
+        host_paths: tuple[str, ...] = ()
+        host_tools: tuple[HostTool, ...] = ()
+        for h in (host, (toolchain.info.get("host") if toolchain else None)):
+            if h is None:
+                continue
+            info = h.info if isinstance(h, TargetOutput) else h
+            host_paths = tuple(sorted(set(host_paths) | set(info["host_paths"])))
+            host_tools = tuple(sorted(set(host_tools) | {HostTool(*t) for t in info["host_tools"]},
+                                      key=lambda t: t.path))
+        return Action(
+            name=name,
+            mnemonic=mnemonic,
+            kind="exec",
+            argv=tuple(argv),
+            env=tuple(sorted(full_env.items())),
+            inputs=tuple(sorted(mounts.items())),
+            outputs=tuple(outputs),
+            platform=self.platform,
+            toolchain=toolchain_digest,
+            host_paths=host_paths,
+            host_tools=host_tools,
+            cwd=cwd,
+            memory_mb=memory_mb,
+            rule_version=self.rule_version,
+        )
+
+    def fetch_action(self, pin_name: str, key: str) -> Action:
+        """A fixed-output download of a pinned file (its key is the pinned sha256 alone)."""
+        pin = self.pins(pin_name, self.where(key))
+        try:
+            f = pin.for_platform(self.platform)
+        except KeyError:
+            raise self.fail(f"pin {pin_name!r} has no file for platform {self.platform}", key,
+                            hint=f"add [pins.{pin_name}.platforms.{self.platform}] to WORKSPACE.toml") from None
+        filename = f.filename or (f.url.rsplit("/", 1)[-1] if f.url else pin_name)
+        spec = {"sha256": f.sha256, "filename": filename, "source": pin.kind, "pin": pin_name}
+        if pin.kind == "pypi":
+            spec["project"] = pin.project
+        else:
+            spec["url"] = f.url
+        return Action(name=f"fetch {pin_name}", mnemonic="Fetch", kind="fetch", outputs=(filename,),
+                      spec=tuple(sorted(spec.items())), memory_mb=64)
+
+    def extract_action(self, archive: Tree, filename: str, strip_prefix: str = "") -> Action:
+        """Unpack an archive file into a tree, in-process, refusing entries that escape the root."""
+        return Action(name=f"extract {filename}", mnemonic="Extract", kind="extract",
+                      inputs=(("archive", archive),), outputs=(".",),
+                      spec=(("filename", filename), ("strip_prefix", strip_prefix)),
+                      rule_version=self.rule_version, memory_mb=256)
+
+
+def labels_in(attrs: BaseModel, *keys: str) -> list[tuple[str, str]]:
+    """(key, label) pairs for attributes holding a label or a list/dict of labels."""
+    out: list[tuple[str, str]] = []
+    for key in keys:
+        value = getattr(attrs, key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            out.append((key, value))
+        elif isinstance(value, dict):
+            out.extend((key, v) for v in value.values())
+        else:
+            out.extend((key, v) for v in value)
+    return out

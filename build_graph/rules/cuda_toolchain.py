@@ -1,0 +1,58 @@
+"""cuda_toolchain: nvcc assembled from pinned NVIDIA wheels into a tree that works in the sandbox."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field
+
+from build_graph.rules.base import TOOLCHAIN, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.model import TargetOutput
+
+
+
+def _is_tool(path: str) -> bool:
+    """Programs directly under bin/ or nvvm/bin/ (not nvcc.profile, not the crt link stubs)."""
+    for d in ("bin/", "nvvm/bin/"):
+        rest = path[len(d):] if path.startswith(d) else None
+        if rest and "/" not in rest and not rest.endswith(".profile"):
+            return True
+    return False
+
+
+class CudaToolchainAttrs(Attrs):
+    version: str = Field(description="the nvcc release the wheels must add up to, e.g. 13.0.88")
+    wheels: list[str] = Field(description="pin names: nvidia-cuda-nvcc, -nvvm, -crt, -cccl, -runtime wheels")
+    strip_prefix: str = Field("nvidia/cu13", description="directory inside the wheels that becomes the root")
+    host: str = Field("//toolchains:host", description="host_tools target giving the host compiler")
+
+
+def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
+    return labels_in(attrs, "host")
+
+
+def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
+    """Fetch and unpack each wheel, merge them under one root, then run nvcc --version in the sandbox."""
+    fetched = yield [ctx.fetch_action(pin, "wheels") for pin in ctx.attrs.wheels]
+    unpacked = yield [ctx.extract_action(f.tree, f.action.outputs[0], ctx.attrs.strip_prefix) for f in fetched]
+    try:
+        tree = unpacked[0].tree.merged(*(u.tree for u in unpacked[1:]))
+    except ValueError as e:
+        raise ctx.fail(f"wheels overlap: {e}", "wheels") from None
+    if "bin/nvcc" not in tree.entries:
+        raise ctx.fail(f"no bin/nvcc under {ctx.attrs.strip_prefix!r} in the wheels", "wheels")
+    # Some wheels lose exec bits; the tools under bin/ must run.
+    tree = tree.with_executable(_is_tool)
+    host = ctx.dep(ctx.attrs.host, "host")
+    toolchain = TargetOutput(tree, {"host": host.info})
+    [probe] = yield [ctx.exec_action(
+        "nvcc --version", "ToolchainVersion",
+        ["/bin/sh", "-c", f"{TOOLCHAIN}/bin/nvcc --version > version.txt"],
+        inputs={}, outputs=["version.txt"], toolchain=toolchain, host=host)]
+    text = ctx.read(probe.tree.entries["version.txt"]).decode(errors="replace")
+    m = re.search(r"release [\d.]+, V([\d.]+)", text)
+    found = m.group(1) if m else "unknown"
+    if found != ctx.attrs.version:
+        raise ctx.fail(f"the wheels give nvcc {found}, not {ctx.attrs.version}", "version")
+    return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
+                        {"version": found, "host": host.info, "nvcc": "bin/nvcc"})

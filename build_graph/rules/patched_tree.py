@@ -1,0 +1,52 @@
+"""patched_tree: apply patches from patches/ to a source tree, in the sandbox, with GNU patch."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from build_graph.model import TargetOutput
+from build_graph.rules.base import SRC, Attrs, PlanGen, RuleContext, labels_in
+
+# Each patch is applied alone so a failure names the patch file; patch itself names file and hunk.
+APPLY = r"""set -eu
+mkdir -p /bgraph/out/tree
+cp -a /bgraph/in/src/. /bgraph/out/tree/
+cd /bgraph/out/tree
+for p in "$@"; do
+  if ! patch -p"$STRIP" --batch --forward --no-backup-if-mismatch -r - -i "/bgraph/src/$p" >/tmp/patch.log 2>&1; then
+    cat /tmp/patch.log >&2
+    echo "bgraph: patch $p does not apply (see the hunk above)" >&2
+    exit 1
+  fi
+  echo "applied $p"
+done
+"""
+
+
+class PatchedTreeAttrs(Attrs):
+    src: str = Field(description="label of the tree to patch")
+    patches: list[str] = Field(description="workspace paths or globs of patch files, applied in order")
+    strip: int = Field(1, ge=0, description="leading path components patch strips (-p)")
+    tools: str = Field("//toolchains:host", description="host_tools target providing sh, cp and patch")
+
+
+def patched_tree_deps(attrs: PatchedTreeAttrs):
+    return labels_in(attrs, "src", "tools")
+
+
+def patched_tree_sources(attrs: PatchedTreeAttrs):
+    return [("patches", p) for p in attrs.patches]
+
+
+def plan_patched_tree(ctx: RuleContext) -> PlanGen:
+    """One sandboxed action: copy the tree, apply each patch in order."""
+    src = ctx.dep(ctx.attrs.src, "src")
+    patches = ctx.extra["expanded"]["patches"]
+    if not patches:
+        raise ctx.fail("no patch files match", "patches")
+    [out] = yield [ctx.exec_action(
+        "apply patches", "Patch", ["/bin/sh", "-c", APPLY, "apply", *patches],
+        inputs={"/bgraph/in/src": src.tree, SRC: ctx.sources.select(patches)},
+        outputs=["tree"], env={"STRIP": str(ctx.attrs.strip)},
+        host=ctx.dep(ctx.attrs.tools, "tools"), memory_mb=1024)]
+    return TargetOutput(out.tree.subtree("tree"), {"patches": patches, **dict(src.info)})

@@ -1,0 +1,38 @@
+"""kind -> rule. One explicit entry per kind; no import-time magic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pydantic import BaseModel
+
+from build_graph.rules import archives, cuda_toolchain, genrule, host_tools, patched_tree
+
+
+def _none(attrs) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    attrs: type[BaseModel]
+    plan: Callable
+    deps: Callable = _none  # attrs -> [(key, label)]
+    sources: Callable = _none  # attrs -> [(key, workspace path or glob)]
+    version: str = "1"  # bump when the rule's actions change meaning
+
+
+RULES: dict[str, Rule] = {
+    "pypi_archive": Rule("pypi_archive", archives.PypiArchiveAttrs, archives.plan_pypi_archive),
+    "http_archive": Rule("http_archive", archives.HttpArchiveAttrs, archives.plan_http_archive),
+    "extract": Rule("extract", archives.ExtractAttrs, archives.plan_extract, archives.extract_deps),
+    "host_tools": Rule("host_tools", host_tools.HostToolsAttrs, host_tools.plan_host_tools),
+    "cuda_toolchain": Rule("cuda_toolchain", cuda_toolchain.CudaToolchainAttrs,
+                           cuda_toolchain.plan_cuda_toolchain, cuda_toolchain.cuda_toolchain_deps),
+    "patched_tree": Rule("patched_tree", patched_tree.PatchedTreeAttrs, patched_tree.plan_patched_tree,
+                         patched_tree.patched_tree_deps, patched_tree.patched_tree_sources),
+    "genrule": Rule("genrule", genrule.GenruleAttrs, genrule.plan_genrule, genrule.genrule_deps,
+                    genrule.genrule_sources),
+}

@@ -1,0 +1,143 @@
+"""The bubblewrap runner: one sandboxed process per action.
+
+Inside, an action sees only its declared input trees, read-only at their fixed mount points
+(/bgraph/src, /bgraph/in/<name>, /bgraph/toolchain), a writable /bgraph/out, a tmpfs /tmp,
+and the host directories its host_tools target declares, read-only. No network (own empty net
+namespace), its own PID namespace (nvcc names temp files after its PID), a clean environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from build_graph.errors import ActionFailed, SandboxError
+from build_graph.model import Action, ActionResult, HostTool, Tree
+from build_graph.store.cas import LocalCas, rmtree
+
+INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
+
+
+def find_bwrap() -> str:
+    """The bwrap binary, or a SandboxError that says how to install it (never a silent fallback)."""
+    path = shutil.which("bwrap")
+    if not path:
+        raise SandboxError("bubblewrap (bwrap) is not installed; bgraph runs every action inside it",
+                           hint=INSTALL_HINT)
+    return path
+
+
+def probe_host_tools(paths: tuple[str, ...], digester) -> tuple[HostTool, ...]:
+    """Identify host binaries by resolved path, first line of `--version` and content digest."""
+    tools = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if not os.path.isfile(real):
+            raise SandboxError(f"host tool {p} does not exist", hint="install it or fix host_tools.tools")
+        h = digester.new()
+        with open(real, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        try:
+            out = subprocess.run([p, "--version"], capture_output=True, text=True, timeout=20,
+                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
+            version = (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
+        except (OSError, subprocess.TimeoutExpired):
+            version = ""
+        tools.append(HostTool(p if real == p else f"{p}={real}", version, h.hexdigest()))
+    return tuple(tools)
+
+
+class BwrapRunner:
+    """Runs exec actions under bubblewrap, storing declared outputs into the CAS."""
+
+    def __init__(self, cas: LocalCas):
+        self.cas = cas
+        self.bwrap = find_bwrap()
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self.stopping = False
+
+    def command(self, action: Action, out_dir: Path) -> list[str]:
+        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+                "--hostname", "bgraph", "--clearenv", "--proc", "/proc", "--dev", "/dev",
+                "--tmpfs", "/tmp", "--dir", "/bgraph"]
+        for host_path in action.host_paths:
+            args += ["--ro-bind", host_path, host_path]
+        if "/usr" in action.host_paths:
+            # Debian's merged /usr: the usual top-level links.
+            for link in ("bin", "lib", "lib64", "sbin"):
+                if os.path.islink(f"/{link}"):
+                    args += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
+        for mount, tree in action.inputs:
+            args += ["--ro-bind", str(self.cas.materialize(tree)), mount]
+        args += ["--bind", str(out_dir), "/bgraph/out", "--chdir", action.cwd]
+        for k, v in action.env:
+            args += ["--setenv", k, v]
+        return args + ["--", *action.argv]
+
+    def run(self, action: Action) -> tuple[Tree, ActionResult]:
+        if self.stopping:
+            raise ActionFailed("interrupted", where=action.name)
+        work = Path(tempfile.mkdtemp(dir=self.cas.tmp, prefix="act-"))
+        out_dir = work / "out"
+        out_dir.mkdir()
+        try:
+            for o in action.outputs:
+                (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
+            stdout_path, stderr_path = work / "stdout", work / "stderr"
+            start = time.monotonic()
+            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+                proc = subprocess.Popen(self.command(action, out_dir), stdout=so, stderr=se,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                with self._lock:
+                    self._procs.add(proc)
+                try:
+                    code = proc.wait()
+                finally:
+                    with self._lock:
+                        self._procs.discard(proc)
+            duration = time.monotonic() - start
+            stderr = stderr_path.read_bytes()
+            stdout = stdout_path.read_bytes()
+            if self.stopping:
+                raise ActionFailed("interrupted", where=action.name)
+            if code != 0:
+                raise ActionFailed(f"exited with status {code}\n{_tail(stdout + stderr)}", where=action.name)
+            missing = [o for o in action.outputs if not os.path.lexists(out_dir / o)]
+            if missing:
+                raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
+                                   where=action.name)
+            tree = self.cas.ingest_dir(out_dir, list(action.outputs), move=True)
+            result = ActionResult(
+                output_tree=self.cas.put_tree(tree), exit_code=0,
+                stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
+                duration_s=round(duration, 3), output_entries=len(tree))
+            return tree, result
+        finally:
+            rmtree(work)
+
+    def stop(self) -> None:
+        """Kill every running sandbox (Ctrl-C); nothing partial reaches the store."""
+        self.stopping = True
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _tail(data: bytes, lines: int = 40) -> str:
+    text = data.decode(errors="replace").rstrip()
+    parts = text.splitlines()
+    if len(parts) > lines:
+        parts = ["…", *parts[-lines:]]
+    return "\n".join("  | " + p for p in parts) if parts else "  | (no output)"

@@ -1,0 +1,37 @@
+"""The action cache: action key -> ActionResult, one JSON file each, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from build_graph.model import ActionResult
+
+
+class LocalActionCache:
+    def __init__(self, base: Path, tmp: Path):
+        self.root = base / "ac"
+        self.tmp = tmp
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key[2:]}.json"
+
+    def get(self, key: str) -> ActionResult | None:
+        try:
+            return ActionResult.from_json(json.loads(self._path(key).read_text()))
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            return None
+
+    def put(self, key: str, result: ActionResult) -> None:
+        dest = self._path(key)
+        dest.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(result.to_json(), f, sort_keys=True)
+        os.replace(tmp, dest)
+
+    def remove(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)

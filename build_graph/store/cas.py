@@ -1,0 +1,280 @@
+"""The local content-addressable store.
+
+On-disk layout (versioned; bump the version instead of migrating)::
+
+    <cache>/v1/<digest-fn>/cas/ab/cdef…        blob, mode 0444, named by its digest
+    <cache>/v1/<digest-fn>/cas/ab/cdef….x      the same blob, mode 0555 (for executables)
+    <cache>/v1/<digest-fn>/dirs/ab/cdef…       Merkle directory node (canonical JSON)
+    <cache>/v1/<digest-fn>/trees/<digest>/     a tree materialized read-only (bind-mounted into sandboxes)
+    <cache>/v1/<digest-fn>/ac/ab/<key>.json    action cache (see action_cache.py)
+    <cache>/v1/<digest-fn>/trace/<label>.json  last build's decisions per target (see trace.py)
+    <cache>/v1/tmp/                            staging; everything is written here, then renamed
+
+A blob is verified (size and digest) before it is used; a bad one is deleted with a warning
+and reported as missing, so the action that made it runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from build_graph.errors import StoreError
+from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
+
+LAYOUT_VERSION = "v1"
+log = logging.getLogger("bgraph.store")
+CHUNK = 1 << 20
+
+
+class CorruptBlob(StoreError):
+    """A blob on disk does not match its digest; it has been removed."""
+
+
+def _shard(root: Path, digest: str) -> Path:
+    return root / digest[:2] / digest[2:]
+
+
+def rmtree(path: Path) -> None:
+    """Remove a tree that may hold read-only directories."""
+    def onerror(func, p, _exc):
+        os.chmod(os.path.dirname(p), 0o755)
+        if os.path.isdir(p) and not os.path.islink(p):
+            os.chmod(p, 0o755)
+        func(p)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        for d, dirs, _ in os.walk(path):
+            for name in dirs:
+                p = os.path.join(d, name)
+                if not os.path.islink(p):
+                    os.chmod(p, 0o755)
+        os.chmod(path, 0o755)
+        shutil.rmtree(path, onerror=onerror)
+
+
+class LocalCas:
+    """Blobs and Merkle directories by digest, with atomic writes and verified reads."""
+
+    def __init__(self, cache_dir: Path, digester: Digester):
+        self.digester = digester
+        self.base = Path(cache_dir) / LAYOUT_VERSION / digester.name
+        self.blobs = self.base / "cas"
+        self.dirs = self.base / "dirs"
+        self.trees = self.base / "trees"
+        self.tmp = Path(cache_dir) / LAYOUT_VERSION / "tmp"
+        for d in (self.blobs, self.dirs, self.trees, self.tmp):
+            d.mkdir(parents=True, exist_ok=True)
+        self._verified: set[str] = set()
+
+    # -- blobs -------------------------------------------------------------------------
+    def blob_path(self, digest: str) -> Path:
+        return _shard(self.blobs, digest)
+
+    def _install(self, tmp_path: str, digest: str) -> None:
+        dest = self.blob_path(digest)
+        if dest.exists():
+            os.unlink(tmp_path)
+            return
+        dest.parent.mkdir(exist_ok=True)
+        os.chmod(tmp_path, 0o444)
+        os.replace(tmp_path, dest)
+
+    def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry:
+        digest = self.digester.of(data)
+        if not self.blob_path(digest).exists():
+            fd, tmp = tempfile.mkstemp(dir=self.tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self._install(tmp, digest)
+        return FileEntry(digest, len(data), executable)
+
+    def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
+        """Store a file's bytes. With move=True the file (in our staging area) is renamed in."""
+        path = os.fspath(path)
+        st = os.lstat(path)
+        if executable is None:
+            executable = bool(st.st_mode & stat.S_IXUSR)
+        h = self.digester.new()
+        if move:
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+            digest = h.hexdigest()
+            self._install(path, digest)
+            return FileEntry(digest, st.st_size, executable)
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        size = 0
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        digest = h.hexdigest()
+        self._install(tmp, digest)
+        return FileEntry(digest, size, executable)
+
+    def has(self, entry: FileEntry) -> bool:
+        p = self.blob_path(entry.digest)
+        try:
+            return p.stat().st_size == entry.size
+        except FileNotFoundError:
+            return False
+
+    def verify(self, entry: FileEntry) -> bool:
+        """True if the blob is present and hashes to its digest; a bad blob is removed."""
+        if entry.digest in self._verified:
+            return True
+        p = self.blob_path(entry.digest)
+        try:
+            if p.stat().st_size != entry.size:
+                raise CorruptBlob("size mismatch")
+            h = self.digester.new()
+            with open(p, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+            if h.hexdigest() != entry.digest:
+                raise CorruptBlob("digest mismatch")
+        except FileNotFoundError:
+            return False
+        except CorruptBlob as e:
+            log.warning("cache blob %s is corrupted (%s); removed, it will be rebuilt or refetched",
+                        entry.digest[:16], e.message)
+            self.evict(entry.digest)
+            return False
+        self._verified.add(entry.digest)
+        return True
+
+    def evict(self, digest: str) -> None:
+        """Drop a bad blob, and every materialized tree (they may hard-link it)."""
+        for p in (self.blob_path(digest), Path(str(self.blob_path(digest)) + ".x")):
+            if p.exists():
+                p.unlink()
+        self._verified.discard(digest)
+        for d in self.trees.iterdir():
+            rmtree(d)
+
+    def read_bytes(self, entry: FileEntry) -> bytes:
+        if not self.verify(entry):
+            raise CorruptBlob(f"blob {entry.digest[:16]} is missing or corrupted")
+        return self.blob_path(entry.digest).read_bytes()
+
+    def verify_tree(self, tree: Tree) -> list[str]:
+        """Paths in `tree` whose blobs are missing or corrupted (bad ones are removed)."""
+        return [p for p, e in tree.files().items() if not self.verify(e)]
+
+    # -- trees -------------------------------------------------------------------------
+    def put_tree(self, tree: Tree) -> str:
+        """Store the tree's Merkle directory nodes; return the root digest."""
+        nodes = tree.directory_nodes(self.digester)
+        for digest, encoded in nodes.values():
+            dest = _shard(self.dirs, digest)
+            if not dest.exists():
+                dest.parent.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=self.tmp)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(encoded)
+                os.replace(tmp, dest)
+        return nodes[""][0]
+
+    def get_tree(self, digest: str) -> Tree:
+        entries: dict[str, object] = {}
+
+        def walk(d: str, prefix: str) -> None:
+            p = _shard(self.dirs, d)
+            try:
+                raw = p.read_bytes()
+            except FileNotFoundError:
+                raise StoreError(f"directory node {d[:16]} is missing from the store") from None
+            if self.digester.of(raw) != d:
+                p.unlink()
+                raise CorruptBlob(f"directory node {d[:16]} is corrupted; removed")
+            node = json.loads(raw)
+            for name, fd, size, ex in node["files"]:
+                entries[prefix + name] = FileEntry(fd, size, ex)
+            for name, target in node["symlinks"]:
+                entries[prefix + name] = SymlinkEntry(target)
+            for name, sub in node["dirs"]:
+                before = len(entries)
+                walk(sub, prefix + name + "/")
+                if len(entries) == before:
+                    entries[prefix + name] = DirEntry()
+
+        walk(digest, "")
+        return Tree(entries)
+
+    def _exec_blob(self, entry: FileEntry) -> Path:
+        x = Path(str(self.blob_path(entry.digest)) + ".x")
+        if not x.exists():
+            fd, tmp = tempfile.mkstemp(dir=self.tmp)
+            os.close(fd)
+            shutil.copyfile(self.blob_path(entry.digest), tmp)
+            os.chmod(tmp, 0o555)
+            os.replace(tmp, x)
+        return x
+
+    def materialize(self, tree: Tree) -> Path:
+        """A read-only directory holding `tree`, built once per tree digest and reused."""
+        digest = tree.digest(self.digester)
+        dest = self.trees / digest
+        if dest.exists():
+            return dest
+        bad = self.verify_tree(tree)
+        if bad:
+            raise CorruptBlob(f"cannot materialize: {len(bad)} blob(s) missing or corrupted, e.g. {bad[0]}")
+        staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="tree-"))
+        try:
+            for path, entry in tree.entries.items():
+                target = staging / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(entry, FileEntry):
+                    source = self._exec_blob(entry) if entry.executable else self.blob_path(entry.digest)
+                    os.link(source, target)
+                elif isinstance(entry, SymlinkEntry):
+                    os.symlink(entry.target, target)
+                else:
+                    target.mkdir(exist_ok=True)
+            for d, dirs, _ in os.walk(staging):
+                os.chmod(d, 0o555)
+            try:
+                os.rename(staging, dest)
+            except OSError:
+                if not dest.exists():
+                    raise
+                rmtree(staging)
+        except BaseException:
+            rmtree(staging)
+            raise
+        return dest
+
+    def ingest_dir(self, root: Path, paths: list[str] | None = None, move: bool = False) -> Tree:
+        """Store everything under `root` (or only `paths` below it) and return the tree."""
+        entries: dict[str, object] = {}
+        starts = [root / p for p in paths] if paths is not None else [root]
+        for start in starts:
+            if start.is_symlink() or start.is_file():
+                rel = start.relative_to(root).as_posix()
+                entries[rel] = self._entry(start, move)
+                continue
+            for d, dirs, files in os.walk(start):
+                dpath = Path(d)
+                rel_d = dpath.relative_to(root).as_posix()
+                if not dirs and not files and rel_d != ".":
+                    entries[rel_d] = DirEntry()
+                for name in files + [x for x in dirs if (dpath / x).is_symlink()]:
+                    p = dpath / name
+                    entries[p.relative_to(root).as_posix()] = self._entry(p, move)
+        return Tree(entries)
+
+    def _entry(self, p: Path, move: bool):
+        if p.is_symlink():
+            return SymlinkEntry(os.readlink(p))
+        if not p.is_file():
+            raise StoreError(f"{p.name}: not a regular file, directory or symlink")
+        return self.put_file(p, move=move)

@@ -1,0 +1,33 @@
+"""The build trace: per target, each action's last description (to explain the next miss)
+and what the last build did (for `bgraph explain`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class Trace:
+    def __init__(self, base: Path, tmp: Path):
+        self.root = base / "trace"
+        self.tmp = tmp
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, label: str) -> Path:
+        safe = label.lstrip("/").replace("/", "__").replace(":", "--")
+        return self.root / f"{safe}.json"
+
+    def load(self, label: str) -> dict[str, Any]:
+        try:
+            return json.loads(self._path(label).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def save(self, label: str, data: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True, indent=1)
+        os.replace(tmp, self._path(label))

@@ -1,0 +1,286 @@
+"""Load WORKSPACE.toml and targets/**/*.toml into validated pydantic models.
+
+Every error names the file, the table and the key, and the line where one can be found.
+"""
+
+from __future__ import annotations
+
+import platform as _platform
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from build_graph.errors import LoadError, where
+from build_graph.labels import Label, parse_label, unknown_label
+
+PLATFORMS = ("x86_64", "aarch64")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+ARCH_RE = re.compile(r"^\d+\.\d+[af]?$")
+
+
+def host_platform() -> str:
+    """The platform name pins and action keys carry for this machine."""
+    machine = _platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _sha256(value: str) -> str:
+    if not SHA256_RE.match(value):
+        raise ValueError("must be 64 lowercase hex digits (a sha256)")
+    return value
+
+
+class WorkspaceSection(Strict):
+    name: str = Field(description="the workspace's name")
+    digest_function: Literal["blake3", "sha256"] = Field("blake3", description="CAS digest function")
+
+
+class Defaults(Strict):
+    cache_dir: str | None = Field(None, description="cache directory; $BGRAPH_CACHE wins, else ~/.cache/bgraph")
+    jobs: int | None = Field(None, ge=1, description="parallel actions (default: cores)")
+    max_mem_mb: int | None = Field(None, ge=64, description="memory budget for running actions")
+
+
+class PinFile(Strict):
+    """One downloadable file of a pin, for one platform or for all."""
+
+    filename: str | None = Field(None, description="the file's name on the index")
+    url: str | None = Field(None, description="for url pins: where to download")
+    sha256: str = Field(description="sha256 of the file's bytes")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        return _sha256(v)
+
+
+class Pin(Strict):
+    """A pinned external input: a PyPI sdist or wheel (name, version, file kind) or a URL archive."""
+
+    kind: Literal["pypi", "url"] = Field(description="pypi: through pip's index; url: a plain archive")
+    project: str | None = Field(None, description="PyPI project name (pypi pins)")
+    version: str | None = Field(None, description="version (pypi pins)")
+    file: Literal["sdist", "wheel"] | None = Field(None, description="file kind (pypi pins)")
+    filename: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+    platforms: dict[Literal["x86_64", "aarch64"], PinFile] = Field(
+        default_factory=dict, description="per-platform files (wheels differ by CPU)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str | None) -> str | None:
+        return None if v is None else _sha256(v)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Pin":
+        if self.kind == "pypi":
+            missing = [k for k in ("project", "version", "file") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"pypi pin needs {', '.join(missing)}")
+        has_top = self.sha256 is not None
+        if has_top == bool(self.platforms):
+            raise ValueError("give either sha256 (+ filename/url) for all platforms, or a [platforms] table")
+        if has_top and self.kind == "pypi" and not self.filename:
+            raise ValueError("pypi pin needs filename")
+        if has_top and self.kind == "url" and not self.url:
+            raise ValueError("url pin needs url")
+        return self
+
+    def for_platform(self, platform: str) -> PinFile:
+        """The file this pin means on `platform`."""
+        if self.sha256 is not None:
+            return PinFile(filename=self.filename, url=self.url, sha256=self.sha256)
+        if platform not in self.platforms:
+            raise KeyError(platform)
+        return self.platforms[platform]
+
+
+class WorkspaceModel(Strict):
+    workspace: WorkspaceSection
+    defaults: Defaults = Defaults()
+    arch_sets: dict[str, list[str]] = Field(default_factory=dict, description="named arch lists")
+    pins: dict[str, Pin] = Field(default_factory=dict, description="pinned external inputs")
+
+    @field_validator("arch_sets")
+    @classmethod
+    def _archs(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, archs in v.items():
+            for a in archs:
+                if not ARCH_RE.match(a):
+                    raise ValueError(f"arch set {name!r}: {a!r} is not an arch like '12.1a', '12.0f' or '9.0'")
+        return v
+
+
+@dataclass(frozen=True)
+class Target:
+    label: Label
+    kind: str
+    attrs: BaseModel
+    file: str
+    table: str
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    model: WorkspaceModel
+    targets: dict[Label, Target]
+
+    @property
+    def digest_function(self) -> str:
+        return self.model.workspace.digest_function
+
+    def target(self, label: Label, where_: str | None = None) -> Target:
+        if label not in self.targets:
+            raise unknown_label(str(label), self.targets, where=where_)
+        return self.targets[label]
+
+    def pin(self, name: str, where_: str | None = None) -> Pin:
+        if name not in self.model.pins:
+            import difflib
+            close = difflib.get_close_matches(name, list(self.model.pins), n=3)
+            raise LoadError(f"unknown pin {name!r}", where=where_,
+                            hint=f"did you mean {', '.join(close)}?" if close else "declare it under [pins] in WORKSPACE.toml")
+        return self.model.pins[name]
+
+    def archs(self, spec: str | list[str], where_: str | None = None) -> list[str]:
+        """Resolve an arch set name or an explicit arch list."""
+        if isinstance(spec, str):
+            if spec not in self.model.arch_sets:
+                raise LoadError(f"unknown arch set {spec!r}", where=where_,
+                                hint=f"known: {', '.join(sorted(self.model.arch_sets)) or 'none'}")
+            return list(self.model.arch_sets[spec])
+        for a in spec:
+            if not ARCH_RE.match(a):
+                raise LoadError(f"{a!r} is not an arch like '12.1a'", where=where_)
+        return list(spec)
+
+
+def _line_of(text: str, table: str | None, key: str | None) -> int | None:
+    """Best-effort line of `key` inside `[table]` (tomllib reports lines only for syntax errors)."""
+    lines = text.splitlines()
+    start = 0
+    if table:
+        header = re.compile(r"^\s*\[\s*" + re.escape(table).replace(r"\.", r"\s*\.\s*") + r"\s*\]")
+        quoted = re.compile(r'^\s*\[\s*"' + re.escape(table) + r'"\s*\]')
+        for i, line in enumerate(lines):
+            if header.match(line) or quoted.match(line):
+                start = i
+                if not key:
+                    return i + 1
+                break
+        else:
+            return None
+    if key:
+        pat = re.compile(r"^\s*\"?" + re.escape(key) + r"\"?\s*=")
+        for i in range(start, len(lines)):
+            if i > start and table and lines[i].lstrip().startswith("["):
+                break
+            if pat.match(lines[i]):
+                return i + 1
+    return None
+
+
+def _validation_error(exc: ValidationError, file: str, text: str, table_prefix: list[str]) -> LoadError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    # The table is everything but the last element (for nested tables), the key is the last.
+    key = loc[-1] if loc else None
+    table_parts = table_prefix + loc[:-1]
+    table = ".".join(table_parts) if table_parts else None
+    line = _line_of(text, table, key)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = f"unknown key {key!r}"
+    elif err["type"] == "missing":
+        msg = f"missing required key {key!r}"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return LoadError(msg + more, where=where(file, table, key, line))
+
+
+def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise LoadError(f"cannot read: {e.strerror}", where=rel) from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        raise LoadError(f"malformed TOML: {e}", where=rel) from None
+
+
+def find_root(start: Path) -> Path:
+    """The nearest directory at or above `start` holding WORKSPACE.toml."""
+    for d in [start, *start.parents]:
+        if (d / "WORKSPACE.toml").is_file():
+            return d
+    raise LoadError("no WORKSPACE.toml here or in any parent directory", where=str(start))
+
+
+def package_of(rel: Path) -> str:
+    """targets/toolchains.toml -> toolchains; targets/a/b.toml -> a/b."""
+    return rel.relative_to("targets").with_suffix("").as_posix()
+
+
+def load(root: Path) -> Workspace:
+    """Load and validate the whole workspace: WORKSPACE.toml and every targets/**/*.toml."""
+    from build_graph.rules.registry import RULES
+
+    root = root.resolve()
+    data, text = _read_toml(root / "WORKSPACE.toml", "WORKSPACE.toml")
+    try:
+        model = WorkspaceModel.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e, "WORKSPACE.toml", text, []) from None
+
+    targets: dict[Label, Target] = {}
+    packages: dict[str, str] = {}
+    for path in sorted((root / "targets").rglob("*.toml")):
+        rel = path.relative_to(root)
+        data, text = _read_toml(path, rel.as_posix())
+        declared = data.pop("package", None)
+        if declared is not None:
+            if not isinstance(declared, str) or not re.match(r"^//[A-Za-z0-9_.+/-]*$", declared):
+                raise LoadError(f"bad package {declared!r}", where=where(rel.as_posix(), None, "package", _line_of(text, None, "package")),
+                                hint="write package = \"//name\"")
+            package = declared[2:]
+        else:
+            package = package_of(rel)
+        if package in packages:
+            raise LoadError(f"package //{package} is declared twice (also in {packages[package]})", where=rel.as_posix())
+        packages[package] = rel.as_posix()
+        for name, table in data.items():
+            loc = where(rel.as_posix(), name, None, _line_of(text, name, None))
+            if not isinstance(table, dict):
+                raise LoadError("a target must be a table ([name] with kind = ...)", where=loc)
+            label = parse_label(f"//{package}:{name}", where=loc)
+            kind = table.get("kind")
+            if kind not in RULES:
+                import difflib
+                close = difflib.get_close_matches(str(kind), list(RULES), n=2)
+                raise LoadError(f"unknown kind {kind!r}" if kind else "missing required key 'kind'",
+                                where=where(rel.as_posix(), name, "kind", _line_of(text, name, "kind")),
+                                hint=f"did you mean {', '.join(close)}?" if close else f"known kinds: {', '.join(sorted(RULES))}")
+            attrs_data = {k: v for k, v in table.items() if k != "kind"}
+            try:
+                attrs = RULES[kind].attrs.model_validate(attrs_data)
+            except ValidationError as e:
+                raise _validation_error(e, rel.as_posix(), text, [name]) from None
+            targets[label] = Target(label, kind, attrs, rel.as_posix(), name)
+    workspace = Workspace(root, model, targets)
+    # Labels inside attributes must parse and exist; check now so errors name the file and key.
+    for target in targets.values():
+        for key, dep in RULES[target.kind].deps(target.attrs):
+            loc = where(target.file, target.table, key)
+            dep_label = parse_label(dep, package=target.label.package, where=loc)
+            workspace.target(dep_label, where_=loc)
+    return workspace
