@@ -98,6 +98,8 @@ class Rebuilder:
             return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
         if previous and previous.get("key") == key:
             return Miss("not in the cache (evicted or corrupted)")
+        for _mount, t in action.inputs:  # so the next miss can name the changed files
+            self.cas.put_tree(t)
         return Miss(explain_change(previous.get("description") if previous else None, description, self.cas))
 
     def record(self, action: Action, tree: Tree, result: ActionResult) -> None:

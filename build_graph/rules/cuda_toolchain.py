@@ -24,7 +24,7 @@ class CudaToolchainAttrs(Attrs):
     version: str = Field(description="the nvcc release the wheels must add up to, e.g. 13.0.88")
     wheels: list[str] = Field(description="pin names: nvidia-cuda-nvcc, -nvvm, -crt, -cccl, -runtime wheels")
     strip_prefix: str = Field("nvidia/cu13", description="directory inside the wheels that becomes the root")
-    host: str = Field("//toolchains:host", description="host_tools target giving the host compiler")
+    host: str = Field("//toolchains:host-cc", description="host_tools target giving the host compiler")
 
 
 def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
@@ -56,3 +56,15 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
         raise ctx.fail(f"the wheels give nvcc {found}, not {ctx.attrs.version}", "version")
     return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
                         {"version": found, "host": host.info, "nvcc": "bin/nvcc"})
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    """The toolchain spells archs as nvcc flags: '12.1a' -> -gencode arch=compute_121a,code=sm_121a."""
+    flags = []
+    for arch in archs:
+        m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+        if not m:
+            raise ValueError(f"bad arch {arch!r}")
+        cc = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+        flags += ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
+    return flags

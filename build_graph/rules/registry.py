@@ -7,7 +7,8 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from build_graph.rules import archives, cuda_toolchain, genrule, host_tools, patched_tree
+from build_graph.rules import (archives, cc_shared_library, cuda_library, cuda_toolchain, genrule, host_tools,
+                               patched_tree, py_wheel)
 
 
 def _none(attrs) -> list:
@@ -35,4 +36,10 @@ RULES: dict[str, Rule] = {
                          patched_tree.patched_tree_deps, patched_tree.patched_tree_sources),
     "genrule": Rule("genrule", genrule.GenruleAttrs, genrule.plan_genrule, genrule.genrule_deps,
                     genrule.genrule_sources),
+    "cuda_library": Rule("cuda_library", cuda_library.CudaLibraryAttrs, cuda_library.plan_cuda_library,
+                         cuda_library.cuda_library_deps, cuda_library.cuda_library_sources),
+    "cc_shared_library": Rule("cc_shared_library", cc_shared_library.CcSharedLibraryAttrs,
+                              cc_shared_library.plan_cc_shared_library, cc_shared_library.cc_shared_library_deps),
+    "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
+                     py_wheel.py_wheel_sources),
 }

@@ -1,0 +1,133 @@
+"""Turn `nvcc --dryrun` output into per-step, per-arch actions (pure text processing).
+
+nvcc runs: host `gcc -E` -> cudafe++ (host .cudafe1.cpp + module id); per arch: `gcc -E
+-D__CUDA_ARCH__=…` -> cicc (PTX + stub) -> ptxas (cubin); fatbinary; host `gcc -c`. Keying
+each step on its own inputs (preprocessed text, PTX, cubins) gives per-arch early cutoff.
+Temp names (`/tmp/tmpxft_<pid>_…-N_k.ext`) are renamed to `k.ext`: no PID, no host path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+_TMP = re.compile(r"(?:/tmp/)?tmpxft_[0-9a-f]+_[0-9a-f]+-\d+_")
+_ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
+ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
+
+
+class DryrunError(ValueError):
+    pass
+
+
+@dataclass
+class Step:
+    """One nvcc internal step with its argv rewritten to fixed sandbox paths."""
+
+    kind: str  # hostpp | cudafe | devpp | cicc | ptxas | fatbin | hostcc
+    arch: str | None
+    argv: list[str]
+    inputs: list[str] = field(default_factory=list)   # intermediate names read from /bgraph/in
+    outputs: list[str] = field(default_factory=list)  # intermediate names written to /bgraph/out
+    reads_source: bool = False
+
+
+def _classify(argv: list[str]) -> tuple[str, str | None]:
+    tool = os.path.basename(argv[0])
+    if tool in ("gcc", "g++", "cc", "c++") or tool.endswith(("-gcc", "-g++")):
+        arch = next((a.split("=", 1)[1] for a in argv if a.startswith("-D__CUDA_ARCH__=")), None)
+        if "-E" in argv:
+            return ("devpp" if arch else "hostpp"), arch
+        if "-c" in argv:
+            return "hostcc", None
+    if tool == "cudafe++":
+        return "cudafe", None
+    if tool == "cicc":
+        return "cicc", argv[argv.index("-arch") + 1].replace("compute_", "")
+    if tool == "ptxas":
+        return "ptxas", next(a.split("=", 1)[1] for a in argv if a.startswith("-arch=")).replace("sm_", "")
+    if tool == "fatbinary":
+        return "fatbin", None
+    raise DryrunError(f"unsupported nvcc step {tool!r} (only whole-program -c compiles are decomposed)")
+
+
+def _declared_outputs(kind: str, argv: list[str]) -> set[str]:
+    """Which names a step really writes (nvcc passes some names only to be embedded)."""
+    out = set()
+    for i, a in enumerate(argv[:-1]):
+        nxt = argv[i + 1]
+        if a == "-o":
+            out.add(nxt)
+        elif kind == "cudafe" and a == "--gen_c_file_name":
+            out.add(nxt)
+        elif kind == "cudafe" and a == "--module_id_file_name" and "--gen_module_id_file" in argv:
+            out.add(nxt)
+        elif kind == "cicc" and a == "--stub_file_name":
+            out.add(nxt)
+    for a in argv:
+        if a.startswith("--embedded-fatbin="):
+            out.add(a.split("=", 1)[1])
+    return out
+
+
+def _names_in(arg: str) -> list[tuple[int, int]]:
+    """Spans of intermediate file names inside one argument (bare, after '=' or ',file=')."""
+    spans = []
+    for m in re.finditer(r"(?:(?<=^)|(?<==))([^=,\s]+)", arg):
+        if _INTERMEDIATE.match(m.group(1)):
+            spans.append((m.start(1), m.end(1)))
+    return spans
+
+
+def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step]]:
+    """(environment for the steps, steps in order) from nvcc --dryrun output."""
+    env: dict[str, str] = {}
+    steps: list[Step] = []
+    produced: set[str] = set()
+    for raw in text.splitlines():
+        if not raw.startswith("#$ "):
+            continue
+        line = _TMP.sub("", raw[3:].strip())
+        m = _ENV.match(line)
+        if m:
+            if m.group(1) in ENV_KEEP:
+                env[m.group(1)] = m.group(2)
+            continue
+        argv = shlex.split(line)
+        if not argv or argv[0] == "rm":
+            continue
+        argv[0] = argv[0].replace("$CICC_PATH", env.get("CICC_PATH", ""))
+        kind, arch = _classify(argv)
+        writes = _declared_outputs(kind, argv)
+        step = Step(kind, arch, [], reads_source=kind in ("hostpp", "devpp"))
+        for a in argv:
+            spans = _names_in(a) if a != object_name else []
+            for start, end in reversed(spans):
+                name = a[start:end]
+                if name in writes:
+                    prefix = "/bgraph/out/"
+                    if name not in step.outputs:
+                        step.outputs.append(name)
+                elif name in produced:
+                    prefix = "/bgraph/in/"
+                    if name not in step.inputs:
+                        step.inputs.append(name)
+                else:
+                    prefix = ""  # a name nvcc only embeds (include_file_name, cudafe's stub name)
+                a = a[:start] + prefix + name + a[end:]
+            step.argv.append(a)
+        if kind == "hostcc":
+            # The host file #includes the stubs, which #include the fatbin: same directory.
+            for name in sorted(produced):
+                if name.endswith((".stub.c", ".fatbin.c")) and name not in step.inputs:
+                    step.inputs.append(name)
+            step.outputs = [object_name]
+            step.argv = [("/bgraph/out/" + a if a == object_name else a) for a in step.argv]
+        produced.update(step.outputs)
+        steps.append(step)
+    if not steps or steps[-1].kind != "hostcc":
+        raise DryrunError("nvcc --dryrun did not end in a host compile; cannot decompose")
+    return env, steps

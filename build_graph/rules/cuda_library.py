@@ -1,0 +1,113 @@
+"""cuda_library: CUDA sources compiled per (translation unit, arch), archived into a static library.
+
+Plan, per TU: `nvcc --dryrun` (keyed on toolchain and flags, not on the source) lists nvcc's
+steps; each becomes its own sandboxed action keyed on exactly what it reads. Preprocessing runs
+whenever sources change (it is how header dependencies are discovered: gcc follows #include);
+cicc/ptxas for an arch run only when that arch's preprocessed text changes; fatbinary and the
+host compile are the cheap combining steps.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from pydantic import Field
+
+from build_graph.model import TargetOutput, Tree
+from build_graph.nvcc import DryrunError, parse_dryrun
+from build_graph.rules.base import SRC, TOOLCHAIN, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.cuda_toolchain import gencode_flags
+
+STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
+                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile"}
+COMPILE_MNEMONICS = ("CudaCicc", "CudaPtxas", "CudaFatbinary", "CudaHostCompile", "CudaFrontend")
+
+
+class CudaLibraryAttrs(Attrs):
+    srcs: list[str] = Field(description="CUDA sources (.cu), workspace paths or globs; one TU each")
+    hdrs: list[str] = Field(default_factory=list, description="headers visible to srcs and to dependents")
+    deps: list[str] = Field(default_factory=list, description="other cuda_library targets (their hdrs)")
+    ext: dict[str, str] = Field(default_factory=dict,
+                                description="name -> label of a tree mounted at /bgraph/ext/<name> (e.g. CUTLASS)")
+    archs: str | list[str] = Field(description="an arch set name from WORKSPACE.toml or a list like ['12.1a']")
+    copts: list[str] = Field(default_factory=list, description="extra nvcc options")
+    defines: list[str] = Field(default_factory=list, description="preprocessor defines (NAME or NAME=VALUE)")
+    includes: list[str] = Field(default_factory=list, description="include dirs, relative to the workspace")
+    toolchain: str = Field("//toolchains:cuda-13.0", description="cuda_toolchain target")
+    memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
+
+
+def cuda_library_deps(attrs: CudaLibraryAttrs):
+    return labels_in(attrs, "deps", "ext", "toolchain")
+
+
+def cuda_library_sources(attrs: CudaLibraryAttrs):
+    return [("srcs", p) for p in attrs.srcs] + [("hdrs", p) for p in attrs.hdrs]
+
+
+def object_name(src: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", src) + ".o"
+
+
+def plan_cuda_library(ctx: RuleContext) -> PlanGen:
+    a = ctx.attrs
+    archs = ctx.arch_sets(a.archs, ctx.where("archs"))
+    toolchain = ctx.dep(a.toolchain, "toolchain")
+    srcs = ctx.extra["expanded"].get("srcs", [])
+    hdrs = ctx.extra["expanded"].get("hdrs", [])
+    visible = ctx.sources
+    for d in a.deps:
+        visible = visible.merged(ctx.dep(d, "deps").tree.subtree("src"))
+    ext = {f"/bgraph/ext/{name}": ctx.dep(label, "ext").tree for name, label in a.ext.items()}
+    flags = [*gencode_flags(archs), *a.copts, *(f"-D{d}" for d in a.defines),
+             *(f"-I{SRC}/{i}" for i in a.includes), f"-I{SRC}"]
+
+    # 1. nvcc --dryrun per TU: depends on flags and toolchain only.
+    dry = yield [ctx.exec_action(
+        f"dryrun {src}", "CudaDryrun",
+        ["/bin/sh", "-c", 'exec "$@" 2> dryrun.txt', "nvcc", f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *flags,
+         "-c", f"{SRC}/{src}", "-o", object_name(src)],
+        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128) for src in srcs]
+    plans = {}
+    for src, outcome in zip(srcs, dry):
+        try:
+            plans[src] = parse_dryrun(ctx.read(outcome.tree.entries["dryrun.txt"]).decode(), object_name(src))
+        except DryrunError as e:
+            raise ctx.fail(f"{src}: {e}", "srcs") from None
+
+    # 2. Run each TU's steps in dependency waves; every wave of every TU goes out together.
+    produced: dict[str, dict[str, Tree]] = {src: {} for src in srcs}
+    pending = {src: list(steps) for src, (_env, steps) in plans.items()}
+    while any(pending.values()):
+        wave, owners = [], []
+        for src, steps in pending.items():
+            ready = [s for s in steps if all(i in produced[src] for i in s.inputs)]
+            for s in ready:
+                steps.remove(s)
+                env = dict(plans[src][0])
+                inputs = {"/bgraph/in": Tree({i: produced[src][i].entries[i] for i in s.inputs})}
+                if s.reads_source:
+                    inputs[SRC] = visible
+                    inputs.update(ext)
+                label = f"{s.kind} {src}" + (f" {s.arch}" if s.arch else "")
+                wave.append(ctx.exec_action(label, STEP_MNEMONIC[s.kind], s.argv, inputs=inputs, outputs=s.outputs,
+                                            env=env, toolchain=toolchain,
+                                            memory_mb=a.memory_mb if s.kind in ("cicc", "ptxas", "hostcc") else 256))
+                owners.append(src)
+        if not wave:
+            raise ctx.fail("nvcc steps form a cycle; cannot schedule", "srcs")
+        outcomes = yield wave
+        for src, outcome in zip(owners, outcomes):
+            for name in outcome.action.outputs:
+                produced[src][name] = outcome.tree
+
+    # 3. Archive the objects (deterministic: ar D).
+    objects = {object_name(src): produced[src][object_name(src)].entries[object_name(src)] for src in srcs}
+    lib = f"lib{ctx.label.name}.a"
+    [archived] = yield [ctx.exec_action(
+        "archive", "CudaArchive", ["/usr/bin/ar", "rcsD", lib, *(f"/bgraph/in/{o}" for o in sorted(objects))],
+        inputs={"/bgraph/in": Tree(objects)}, outputs=[lib], toolchain=toolchain, memory_mb=128)]
+    header_tree = ctx.sources.select(hdrs).prefixed("src")
+    return TargetOutput(archived.tree.merged(Tree(objects).prefixed("obj"), header_tree),
+                        {"archive": lib, "archs": archs, "objects": sorted(objects)})
