@@ -60,6 +60,11 @@ def cmd_build(args, console: Console) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _stdout() -> Console:
+    """Where query, why and explain print their results (stderr is for progress and errors)."""
+    return Console(emoji=False)
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
     return escape(text)
@@ -72,7 +77,7 @@ def cmd_query(args, console: Console) -> int:
     ws = _workspace(args)
     g = build_graph(ws)
     labels, edges = Query(ws, g).run(args.expr)
-    render_labels(labels, edges, args.output, console, {l: g.nodes[l]["kind"] for l in labels})
+    render_labels(labels, edges, args.output, _stdout(), {l: g.nodes[l]["kind"] for l in labels})
     return 0
 
 
@@ -86,12 +91,13 @@ def cmd_why(args, console: Console) -> int:
     for lab in (a, b):
         ws.target(lab)
     paths = allpaths(g, a, b)
+    out = _stdout()
     if not paths:
-        console.print(f"{a} does not depend on {b}", highlight=False)
+        out.print(f"{a} does not depend on {b}", highlight=False)
         return 1
     edges = sorted({(p[i], p[i + 1]) for p in paths for i in range(len(p) - 1)})
-    console.print(f"{a} depends on {b} through {len(paths)} path(s):", highlight=False)
-    console.print(paths_tree([n for p in paths for n in p], edges, root=a))
+    out.print(f"{a} depends on {b} through {len(paths)} path(s):", highlight=False)
+    out.print(paths_tree([n for p in paths for n in p], edges, root=a))
     return 0
 
 
@@ -109,7 +115,7 @@ def cmd_explain(args, console: Console) -> int:
     if args.json:
         print(json.dumps(data.get("last_build", []), indent=1))
     else:
-        render_explain(str(label), data, console)
+        render_explain(str(label), data, _stdout())
     return 0
 
 
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]
-    console = Console(stderr=True)
+    # No emoji codes: "//p:a: ..." would print as "//p🅰 ...".
+    console = Console(stderr=True, emoji=False)
     try:
         return args.fn(args, console)
     except BgraphError as e:

@@ -17,6 +17,16 @@ _TMP = re.compile(r"(?:/tmp/)?tmpxft_[0-9a-f]+_[0-9a-f]+-\d+_")
 _ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
 ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
+_PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c|cpp))$")
+
+
+def _canonical(name: str, single_arch: str | None) -> str:
+    """With one arch nvcc drops the `compute_XX.` infix; put it back so adding a second arch
+    leaves the first arch's steps (and keys) unchanged."""
+    m = _PER_ARCH.match(name)
+    if single_arch and m and ".compute_" not in name:
+        return f"{m.group('stem')}.compute_{single_arch}.{m.group('ext')}"
+    return name
 
 
 class DryrunError(ValueError):
@@ -82,11 +92,19 @@ def _names_in(arg: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _rename(arg: str, fn) -> str:
+    for start, end in reversed(_names_in(arg)):
+        arg = arg[:start] + fn(arg[start:end]) + arg[end:]
+    return arg
+
+
 def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step]]:
     """(environment for the steps, steps in order) from nvcc --dryrun output."""
     env: dict[str, str] = {}
     steps: list[Step] = []
     produced: set[str] = set()
+    archs = re.findall(r"\s-arch\s+compute_(\S+)", text)
+    single = archs[0] if len(set(archs)) == 1 else None
     for raw in text.splitlines():
         if not raw.startswith("#$ "):
             continue
@@ -100,6 +118,7 @@ def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step
         if not argv or argv[0] == "rm":
             continue
         argv[0] = argv[0].replace("$CICC_PATH", env.get("CICC_PATH", ""))
+        argv = [_rename(a, lambda n: _canonical(n, single)) for a in argv]
         kind, arch = _classify(argv)
         writes = _declared_outputs(kind, argv)
         step = Step(kind, arch, [], reads_source=kind in ("hostpp", "devpp"))

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.tree import Tree as RichTree
 
@@ -51,10 +52,10 @@ class RichReporter:
                 self.hits += 1
             elif record.status == "executed":
                 self.executed += 1
-                self.console.print(f"[green]ran[/] {record.label} [dim]{record.name}[/] "
-                                   f"({record.duration_s:.2f}s) [dim]— {record.reason}[/]", highlight=False)
+                self.console.print(f"[green]ran[/] {record.label} [dim]{escape(record.name)}[/] "
+                                   f"({record.duration_s:.2f}s) [dim]— {escape(record.reason)}[/]", highlight=False)
             elif record.status == "failed":
-                self.console.print(f"[red]FAILED[/] {record.label} {record.name}", highlight=False)
+                self.console.print(f"[red]FAILED[/] {record.label} {escape(record.name)}", highlight=False)
             self._refresh()
 
     def target_done(self, label: Label) -> None:
@@ -72,7 +73,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     if summary["differing"]:
         console.print(f"[red]{len(summary['differing'])} action(s) produced different outputs:[/]")
         for d in summary["differing"]:
-            console.print(f"  {d}", highlight=False)
+            console.print(f"  {escape(d)}", highlight=False)
 
 
 def render_labels(labels: Iterable[Label], edges: list[tuple[Label, Label]], fmt: str, console: Console,
@@ -118,8 +119,9 @@ def render_explain(label: str, trace: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]{label}[/]: last build executed {len(by['executed'])}, cut off {len(by['cutoff'])}, "
                   f"hits {len(by['hit'])}", highlight=False)
     for r in by["executed"]:
-        console.print(f"  [green]ran[/] {r['name']} ({r['duration_s']:.2f}s)\n      why: {r['reason']}", highlight=False)
+        console.print(f"  [green]ran[/] {escape(r['name'])} ({r['duration_s']:.2f}s)\n"
+                      f"      why: {escape(r['reason'])}", highlight=False)
     for r in by["cutoff"]:
-        console.print(f"  [yellow]cut off[/] {r['name']}: {r['reason']}", highlight=False)
+        console.print(f"  [yellow]cut off[/] {escape(r['name'])}: {escape(r['reason'])}", highlight=False)
     for r in by["hit"]:
-        console.print(f"  [dim]hit {r['name']}[/]", highlight=False)
+        console.print(f"  [dim]hit {escape(r['name'])}[/]", highlight=False)

@@ -4,7 +4,7 @@
 // e2m1 data with ue4m3 scales per 16 K values), a TMA warp-specialized mainloop and a
 // 128x128x128 CTA tile on a 1x1x1 cluster (GeForce/DGX-Spark parts have no TMA multicast).
 //
-// Build (one arch per object, see kernels/cutlass/README or the report):
+// Build (one arch per object; compute_120f,code=sm_120f gives one cubin for both 12.0 and 12.1):
 //   nvcc -c -std=c++17 -O2 --expt-relaxed-constexpr \
 //        -gencode arch=compute_120a,code=sm_120a   (or compute_121a,code=sm_121a) \
 //        -I<cutlass>/include -I<cutlass>/tools/util/include nvfp4_gemm_sm120.cu

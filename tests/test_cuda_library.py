@@ -1,0 +1,156 @@
+"""cuda_library with the real nvcc 13.0 toolchain (from pinned wheels) under bubblewrap.
+
+Each test edits a small two-arch workspace and asserts exactly which per-(TU, arch) steps ran.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+KERNEL_A = """#include "k/common.cuh"
+__global__ void scale(float* x) {
+#if __CUDA_ARCH__ == 1210
+  x[0] *= 2.0f;  // sm_121a tuning
+#else
+  x[0] *= 1.0f;
+#endif
+}
+#ifndef __CUDA_ARCH__
+int host_answer() { return 42; }
+#endif
+#if 0
+int unused = 1;
+#endif
+"""
+KERNEL_B = """#include "k/common.cuh"
+#include "k/only_b.cuh"
+__global__ void add(int* y) { y[0] += ONLY_B; }
+"""
+
+
+def write_workspace(root: Path, archs: str = '["12.0a", "12.1a"]', copts: str = "[]") -> Path:
+    (root / "targets").mkdir(parents=True, exist_ok=True)
+    (root / "k").mkdir(exist_ok=True)
+    shutil.copy(REPO / "WORKSPACE.toml", root / "WORKSPACE.toml")
+    shutil.copy(REPO / "targets" / "toolchains.toml", root / "targets" / "toolchains.toml")
+    (root / "k" / "a.cu").write_text(KERNEL_A)
+    (root / "k" / "b.cu").write_text(KERNEL_B)
+    (root / "k" / "common.cuh").write_text("#pragma once\n#define COMMON 1\n")
+    (root / "k" / "only_b.cuh").write_text("#pragma once\n#define ONLY_B 3\n")
+    (root / "targets" / "k.toml").write_text(
+        f'[lib]\nkind = "cuda_library"\nsrcs = ["k/a.cu", "k/b.cu"]\nhdrs = ["k/*.cuh"]\n'
+        f"archs = {archs}\ncopts = {copts}\n")
+    return root
+
+
+def build(ws: Path, cache: Path, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
+                           "build", "--json", *extra, "//k:lib"], capture_output=True, text=True)
+    assert proc.returncode in (0, 3), proc.stderr + proc.stdout
+    return json.loads(proc.stdout)
+
+
+def ran(summary: dict, *mnemonic_words: str) -> list[str]:
+    """Names of executed actions whose name starts with one of the step kinds."""
+    return sorted(a["name"] for a in summary["actions"]
+                  if a["status"] == "executed" and a["name"].split(" ")[0] in mnemonic_words)
+
+
+COMPILES = ("cicc", "ptxas", "cudafe", "fatbin", "hostcc")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def ws(tmp_path, cache) -> Path:
+    root = write_workspace(tmp_path / "ws")
+    first = build(root, cache)
+    assert first["ok"]
+    return root
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def archive_bytes(ws: Path) -> bytes:
+    return (ws / "bgraph-out" / "k" / "lib" / "liblib.a").read_bytes()
+
+
+def test_second_build_executes_nothing(ws, cache):
+    again = build(ws, cache)
+    assert again["executed"] == 0 and again["hits"] > 0
+
+
+def test_edit_inside_sm121_block_recompiles_only_sm121a(ws, cache, tmp_path):
+    edit(ws / "k" / "a.cu", "x[0] *= 2.0f;", "x[0] *= 3.0f;")
+    s = build(ws, cache)
+    assert ran(s, "cicc", "ptxas") == ["cicc k/a.cu 121a", "ptxas k/a.cu 121a"]
+    # The new object holds the new sm_121a cubin: identical to a clean build from scratch.
+    fresh = tmp_path / "fresh"
+    shutil.copytree(ws, fresh, ignore=shutil.ignore_patterns("bgraph-out"))
+    clean = build(fresh, tmp_path / "fresh-cache")
+    assert clean["ok"]
+    assert archive_bytes(ws) == archive_bytes(fresh)
+
+
+def test_host_only_edit_is_never_missed(ws, cache):
+    before = archive_bytes(ws)
+    edit(ws / "k" / "a.cu", "return 42;", "return 43;")
+    s = build(ws, cache)
+    assert ran(s, *COMPILES) == ["cudafe k/a.cu", "hostcc k/a.cu"]
+    assert archive_bytes(ws) != before
+
+
+def test_edit_with_no_preprocessed_change_compiles_nothing(ws, cache):
+    edit(ws / "k" / "a.cu", "// sm_121a tuning", "// tuned for GB10")  # a comment
+    edit(ws / "k" / "a.cu", "int unused = 1;", "int unused = 2;")     # code under #if 0
+    s = build(ws, cache)
+    assert ran(s, *COMPILES) == []
+    cut = [a["name"] for a in s["actions"] if a["status"] == "cutoff"]
+    assert "cicc k/a.cu 121a" in cut and "hostcc k/a.cu" in cut
+
+
+def test_header_edit_touches_only_including_tus(ws, cache):
+    edit(ws / "k" / "only_b.cuh", "#define ONLY_B 3", "#define ONLY_B 4")
+    s = build(ws, cache)
+    compiled = ran(s, *COMPILES)
+    assert compiled and all(" k/b.cu" in n for n in compiled), compiled
+    assert "cicc k/b.cu 120a" in compiled and "cicc k/b.cu 121a" in compiled
+
+
+def test_adding_an_arch_compiles_only_the_new_arch(tmp_path):
+    cache = tmp_path / "cache"  # fresh: the shared one already holds every sm_121a step
+    root = write_workspace(tmp_path / "ws", archs='["12.0a"]')
+    assert build(root, cache)["ok"]
+    (root / "targets" / "k.toml").write_text((root / "targets" / "k.toml").read_text()
+                                             .replace('archs = ["12.0a"]', 'archs = ["12.0a", "12.1a"]'))
+    s = build(root, cache)
+    assert ran(s, "cicc", "ptxas") == ["cicc k/a.cu 121a", "cicc k/b.cu 121a",
+                                       "ptxas k/a.cu 121a", "ptxas k/b.cu 121a"]
+
+
+def test_reproducible_across_directories_and_caches_with_debug_info(tmp_path):
+    copts = '["-g", "-lineinfo", "-O2"]'
+    one = write_workspace(tmp_path / "one" / "ws", copts=copts)
+    two = write_workspace(tmp_path / "two" / "somewhere" / "else", copts=copts)
+    a = build(one, tmp_path / "cache1")
+    b = build(two, tmp_path / "cache2")
+    assert a["ok"] and b["ok"]
+    assert archive_bytes(one) == archive_bytes(two)
+    check = build(one, tmp_path / "cache1", "--check")
+    assert check["differing"] == [] and check["executed"] > 0

@@ -1,0 +1,243 @@
+"""Loading WORKSPACE.toml and targets/**/*.toml: every error names file, table, key and line."""
+
+from __future__ import annotations
+
+import pytest
+
+from build_graph.errors import LoadError
+from build_graph.labels import Label
+from build_graph.rules.genrule import GenruleAttrs
+from build_graph.workspace import Pin, PinFile, load
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+
+GENRULE = '[{name}]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\n'
+
+
+def load_error(ws) -> str:
+    with pytest.raises(LoadError) as info:
+        load(ws.root)
+    return str(info.value)
+
+
+def test_loads_targets_and_derives_packages_from_paths(make_ws):
+    ws = make_ws({
+        "targets/p.toml": GENRULE.format(name="a") + "\n" + GENRULE.format(name="b"),
+        "targets/sub/dir/q.toml": GENRULE.format(name="c"),
+    })
+    w = load(ws.root)
+    assert set(w.targets) == {Label("p", "a"), Label("p", "b"), Label("sub/dir/q", "c"),
+                              Label("toolchains", "host")}
+    t = w.targets[Label("sub/dir/q", "c")]
+    assert (t.kind, t.file, t.table) == ("genrule", "targets/sub/dir/q.toml", "c")
+    assert isinstance(t.attrs, GenruleAttrs) and t.attrs.outs == ["o"]
+    # Defaults from the rule's model: tools points at //toolchains:host.
+    assert t.attrs.tools == "//toolchains:host"
+    assert w.digest_function == "blake3"
+
+
+def test_package_declared_explicitly(make_ws):
+    ws = make_ws({"targets/whatever.toml": 'package = "//lib/core"\n\n' + GENRULE.format(name="x")})
+    w = load(ws.root)
+    assert Label("lib/core", "x") in w.targets
+    assert Label("whatever", "x") not in w.targets
+
+
+def test_package_declared_twice(make_ws):
+    ws = make_ws({"targets/a.toml": 'package = "//p"\n' + GENRULE.format(name="x"),
+                  "targets/p.toml": GENRULE.format(name="y")})
+    msg = load_error(ws)
+    assert "package //p is declared twice" in msg and "targets/a.toml" in msg and "targets/p.toml" in msg
+
+
+def test_bad_package_declaration(make_ws):
+    ws = make_ws({"targets/p.toml": '\npackage = "p"\n' + GENRULE.format(name="x")})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:2 key 'package': bad package 'p'")
+
+
+def test_malformed_toml_names_file_and_line(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"\ncmd = "x"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml: malformed TOML")
+    assert "line 4" in msg
+
+
+def test_malformed_workspace_toml(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t\n'})
+    msg = load_error(ws)
+    assert msg.startswith("WORKSPACE.toml: malformed TOML") and "line 2" in msg
+
+
+def test_unknown_key_in_target_names_file_table_key_and_line(make_ws):
+    ws = make_ws({"targets/p.toml": "# comment\n" + GENRULE.format(name="a") + "\n"
+                  + GENRULE.format(name="b") + "srcz = []\n"})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:11 [b] key 'srcz': unknown key 'srcz'"), msg
+
+
+def test_unknown_key_in_quoted_table(make_ws):
+    ws = make_ws({"targets/p.toml": '["x-1.0"]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\nbogus = 1\n'})
+    assert load_error(ws).startswith("targets/p.toml:5 [x-1.0] key 'bogus': unknown key 'bogus'")
+
+
+def test_missing_required_key(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\ncmd = "true"\n'})
+    assert load_error(ws).startswith("targets/p.toml [a] key 'outs': missing required key 'outs'")
+
+
+def test_wrong_type_names_key(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = "o"\ncmd = "true"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:3 [a] key 'outs':") and "list" in msg
+
+
+def test_unknown_key_in_workspace_toml(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\ncolour = "red"\n'})
+    assert load_error(ws) == "WORKSPACE.toml:3 [workspace] key 'colour': unknown key 'colour'"
+    ws = make_ws({"WORKSPACE.toml": 'oops = 1\n[workspace]\nname = "t"\n'})
+    assert load_error(ws) == "WORKSPACE.toml:1 key 'oops': unknown key 'oops'"
+
+
+def test_bad_digest_function(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\ndigest_function = "md5"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("WORKSPACE.toml:3 [workspace] key 'digest_function':")
+    assert "blake3" in msg and "sha256" in msg
+
+
+def test_bad_sha256_in_pin(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\n\n[pins.x]\nkind = "url"\n'
+                                    'url = "https://example.invalid/x.tar.gz"\nsha256 = "ABC"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("WORKSPACE.toml:7 [pins.x] key 'sha256':"), msg
+    assert "64 lowercase hex digits" in msg
+
+
+def test_bad_sha256_in_platform_pin(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\n\n[pins.x]\nkind = "pypi"\nproject = "p"\n'
+                                    'version = "1"\nfile = "wheel"\n'
+                                    f'platforms.x86_64 = {{ filename = "a.whl", sha256 = "{SHA_A[:-1]}" }}\n'})
+    msg = load_error(ws)
+    assert "[pins.x.platforms.x86_64] key 'sha256'" in msg and "64 lowercase hex digits" in msg
+
+
+def test_incomplete_pypi_pin(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\n\n[pins.x]\nkind = "pypi"\nproject = "p"\n'
+                                    f'file = "wheel"\nfilename = "a.whl"\nsha256 = "{SHA_A}"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("WORKSPACE.toml") and "pins" in msg and "pypi pin needs version" in msg
+
+
+def test_bad_arch_set(make_ws):
+    ws = make_ws({"WORKSPACE.toml": '[workspace]\nname = "t"\n[arch_sets]\nx = ["sm_90"]\n'})
+    msg = load_error(ws)
+    assert msg.startswith("WORKSPACE.toml key 'arch_sets':") and "arch set 'x': 'sm_90' is not an arch" in msg
+
+
+def test_unknown_kind_suggests(make_ws):
+    ws = make_ws({"targets/p.toml": '\n[a]\nkind = "genrul"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:3 [a] key 'kind': unknown kind 'genrul'")
+    assert "did you mean genrule?" in msg
+
+
+def test_missing_kind(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nouts = ["o"]\n'})
+    assert "[a] key 'kind': missing required key 'kind'" in load_error(ws)
+
+
+def test_dependency_on_unknown_label(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a") + 'deps = { x = "//p:bb" }\n\n'
+                  + GENRULE.format(name="b")})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml [a] key 'deps': no target matches '//p:bb'"), msg
+    assert "did you mean //p:b" in msg
+
+
+def test_dependency_with_relative_label_resolves_in_package(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a") + 'deps = { x = ":b" }\n\n'
+                  + GENRULE.format(name="b")})
+    load(ws.root)
+    ws2 = make_ws({"targets/p.toml": GENRULE.format(name="a") + 'tools = ":host"\n'})
+    msg = load_error(ws2)
+    assert msg.startswith("targets/p.toml [a] key 'tools': no target matches '//p:host'")
+
+
+def test_dependency_with_bad_label(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a") + 'deps = { x = "//p:b:c" }\n'})
+    assert load_error(ws).startswith("targets/p.toml [a] key 'deps': bad label '//p:b:c'")
+
+
+def test_target_must_be_a_table(make_ws):
+    ws = make_ws({"targets/p.toml": 'pakage = "//x"\n'})
+    assert "a target must be a table" in load_error(ws)
+
+
+def test_cli_load_error_exit_code_2(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a") + "bogus = 1\n"})
+    run = ws.cli("query", "//...")
+    assert run.rc == 2
+    assert "targets/p.toml:5 [a] key 'bogus': unknown key 'bogus'" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_missing_workspace(tmp_path):
+    from build_graph.workspace import find_root
+    with pytest.raises(LoadError, match="no WORKSPACE.toml"):
+        find_root(tmp_path)
+
+
+# -- pins -------------------------------------------------------------------------------
+def test_pin_for_platform():
+    pin = Pin(kind="pypi", project="p", version="1", file="wheel", platforms={
+        "x86_64": PinFile(filename="p-1-x86_64.whl", sha256=SHA_A),
+        "aarch64": PinFile(filename="p-1-aarch64.whl", sha256=SHA_B),
+    })
+    assert pin.for_platform("x86_64") == PinFile(filename="p-1-x86_64.whl", sha256=SHA_A)
+    assert pin.for_platform("aarch64").sha256 == SHA_B
+    with pytest.raises(KeyError):
+        pin.for_platform("riscv64")
+
+
+def test_pin_for_all_platforms():
+    pin = Pin(kind="url", url="https://example.invalid/a.tgz", sha256=SHA_A)
+    for platform in ("x86_64", "aarch64"):
+        assert pin.for_platform(platform) == PinFile(url="https://example.invalid/a.tgz", sha256=SHA_A)
+
+
+def test_pin_needs_exactly_one_of_sha256_and_platforms():
+    with pytest.raises(ValueError):
+        Pin(kind="url", url="https://example.invalid/a.tgz")
+    with pytest.raises(ValueError):
+        Pin(kind="url", url="u", sha256=SHA_A, platforms={"x86_64": PinFile(url="u", sha256=SHA_A)})
+
+
+def test_per_platform_pins_from_toml(make_ws):
+    ws = make_ws({"WORKSPACE.toml": f'''[workspace]
+name = "t"
+
+[pins.w]
+kind = "pypi"
+project = "p"
+version = "1"
+file = "wheel"
+platforms.x86_64 = {{ filename = "p-x.whl", sha256 = "{SHA_A}" }}
+platforms.aarch64 = {{ filename = "p-a.whl", sha256 = "{SHA_B}" }}
+'''})
+    w = load(ws.root)
+    assert w.pin("w").for_platform("x86_64").filename == "p-x.whl"
+    assert w.pin("w").for_platform("aarch64").sha256 == SHA_B
+    with pytest.raises(LoadError, match="did you mean w"):
+        w.pin("ww")
+
+
+def test_repository_workspace_loads():
+    """The repository's own WORKSPACE.toml and targets/ are valid."""
+    from pathlib import Path
+    w = load(Path(__file__).resolve().parents[1])
+    assert Label("toolchains", "host") in w.targets
+    assert Label("sources", "vllm") in w.targets
+    for pin in w.model.pins.values():
+        assert pin.for_platform("x86_64").sha256
