@@ -36,6 +36,7 @@ class CudaLibraryAttrs(Attrs):
     includes: list[str] = Field(default_factory=list, description="include dirs, relative to the workspace")
     toolchain: str = Field("//toolchains:cuda-13.0", description="cuda_toolchain target")
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
+    pic: bool = Field(True, description="position-independent host code, so the archive links into a .so")
 
 
 def cuda_library_deps(attrs: CudaLibraryAttrs):
@@ -60,7 +61,7 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     for d in a.deps:
         visible = visible.merged(ctx.dep(d, "deps").tree.subtree("src"))
     ext = {f"/bgraph/ext/{name}": ctx.dep(label, "ext").tree for name, label in a.ext.items()}
-    flags = [*gencode_flags(archs), *a.copts, *(f"-D{d}" for d in a.defines),
+    flags = [*gencode_flags(archs), *(["-Xcompiler=-fPIC"] if a.pic else []), *a.copts, *(f"-D{d}" for d in a.defines),
              *(f"-I{SRC}/{i}" for i in a.includes), f"-I{SRC}"]
 
     # 1. nvcc --dryrun per TU: depends on flags and toolchain only.

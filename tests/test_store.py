@@ -1,0 +1,252 @@
+"""The local CAS, action cache and trace: atomic writes, verified reads, corruption recovery."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import pytest
+
+from bgraph_testlib import action, requires_bwrap
+from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree
+from build_graph.store.action_cache import LocalActionCache
+from build_graph.store.cas import CorruptBlob, LocalCas
+from build_graph.store.trace import Trace
+
+B3 = Digester("blake3")
+
+
+@pytest.fixture
+def cas(tmp_path):
+    return LocalCas(tmp_path / "cache", B3)
+
+
+def leftovers(cas: LocalCas) -> list[str]:
+    return sorted(os.listdir(cas.tmp))
+
+
+# -- CAS -------------------------------------------------------------------------------------
+def test_put_and_read_bytes(cas):
+    e = cas.put_bytes(b"hello")
+    assert e == FileEntry(B3.of(b"hello"), 5, False)
+    path = cas.blob_path(e.digest)
+    assert path == cas.base / "cas" / e.digest[:2] / e.digest[2:]
+    assert path.read_bytes() == b"hello"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert cas.read_bytes(e) == b"hello"
+    assert cas.has(e) and cas.verify(e)
+    assert cas.put_bytes(b"hello") == e  # idempotent
+    assert cas.put_bytes(b"hello", executable=True) == FileEntry(e.digest, 5, True)
+    assert leftovers(cas) == []
+
+
+def test_sha256_layout(tmp_path):
+    cas = LocalCas(tmp_path / "c", Digester("sha256"))
+    e = cas.put_bytes(b"x")
+    assert cas.blob_path(e.digest).is_relative_to(tmp_path / "c" / "v1" / "sha256" / "cas")
+
+
+def test_put_file_copy_and_move(cas, tmp_path):
+    src = tmp_path / "tool"
+    src.write_bytes(b"#!/bin/sh\necho hi\n")
+    src.chmod(0o755)
+    e = cas.put_file(src)
+    assert e.executable and e.size == src.stat().st_size
+    assert src.exists()  # copied, not moved
+    staged = cas.tmp / "staged"
+    staged.write_bytes(b"moved content")
+    e2 = cas.put_file(staged, move=True)
+    assert not staged.exists()
+    assert cas.read_bytes(e2) == b"moved content"
+    assert leftovers(cas) == []
+
+
+def test_writes_are_atomic(cas, monkeypatch):
+    """Every blob is written in the staging dir and renamed into place; a crash before the
+    rename leaves nothing at the blob's path."""
+    real_replace = os.replace
+    calls = []
+
+    def crashing_replace(src, dst):
+        calls.append((str(src), str(dst)))
+        raise OSError("simulated crash")
+
+    monkeypatch.setattr(os, "replace", crashing_replace)
+    with pytest.raises(OSError, match="simulated crash"):
+        cas.put_bytes(b"payload")
+    [(src, dst)] = calls
+    assert os.path.dirname(src) == str(cas.tmp)
+    assert dst == str(cas.blob_path(B3.of(b"payload")))
+    assert not os.path.exists(dst)
+    assert open(src, "rb").read() == b"payload"  # the complete staged file
+    monkeypatch.setattr(os, "replace", real_replace)
+    e = cas.put_bytes(b"payload")
+    assert cas.read_bytes(e) == b"payload"
+
+
+def test_concurrent_puts_of_the_same_blob(cas):
+    data = os.urandom(3 << 20)
+    results, errors = [], []
+
+    def put():
+        try:
+            results.append(cas.put_bytes(data))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=put) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    assert cas.read_bytes(results[0]) == data
+    assert leftovers(cas) == []
+
+
+def test_verify_detects_and_evicts_bad_blobs(cas, caplog):
+    e = cas.put_bytes(b"original content")
+    path = cas.blob_path(e.digest)
+    path.chmod(0o644)
+    path.write_bytes(b"ORIGINAL content")  # same size, different bytes
+    fresh = LocalCas(cas.base.parent.parent, B3)  # a new process: nothing verified yet
+    with caplog.at_level("WARNING", logger="bgraph.store"):
+        assert not fresh.verify(e)
+    assert "corrupted" in caplog.text and "digest mismatch" in caplog.text
+    assert not path.exists()
+    with pytest.raises(CorruptBlob):
+        fresh.read_bytes(e)
+    # Truncation is caught by size alone.
+    e2 = fresh.put_bytes(b"some longer content")
+    p2 = fresh.blob_path(e2.digest)
+    p2.chmod(0o644)
+    p2.write_bytes(b"some")
+    assert not LocalCas(cas.base.parent.parent, B3).verify(e2)
+    assert not fresh.has(e2)
+
+
+def test_tree_roundtrip(cas):
+    a = cas.put_bytes(b"a")
+    x = cas.put_bytes(b"#!x", executable=True)
+    tree = Tree({"a": a, "d/e/a": a, "bin/x": x, "link": SymlinkEntry("d/e"), "empty/sub": DirEntry(),
+                 "other_empty": DirEntry()})
+    digest = cas.put_tree(tree)
+    assert digest == tree.digest(B3)
+    assert cas.get_tree(digest) == tree
+    assert cas.get_tree(cas.put_tree(Tree())) == Tree()
+
+
+def test_corrupted_directory_node(cas):
+    tree = Tree({"d/a": cas.put_bytes(b"a")})
+    digest = cas.put_tree(tree)
+    node = cas.dirs / digest[:2] / digest[2:]
+    node.write_bytes(b'{"dirs":[],"files":[],"symlinks":[]}')
+    with pytest.raises(CorruptBlob):
+        cas.get_tree(digest)
+    assert not node.exists()
+
+
+def test_materialize(cas):
+    a = cas.put_bytes(b"data")
+    x = cas.put_bytes(b"#!/bin/sh\n", executable=True)
+    tree = Tree({"f": a, "sub/g": a, "bin/x": x, "l": SymlinkEntry("sub/g"), "e": DirEntry()})
+    root = cas.materialize(tree)
+    assert root == cas.trees / tree.digest(B3)
+    assert (root / "sub/g").read_bytes() == b"data"
+    assert os.readlink(root / "l") == "sub/g"
+    assert (root / "e").is_dir()
+    assert os.access(root / "bin/x", os.X_OK) and not os.access(root / "f", os.X_OK) or os.getuid() == 0
+    assert stat.S_IMODE((root / "bin/x").stat().st_mode) == 0o555
+    assert stat.S_IMODE((root / "f").stat().st_mode) == 0o444
+    assert stat.S_IMODE((root / "sub").stat().st_mode) == 0o555
+    assert cas.materialize(tree) == root  # reused
+    assert leftovers(cas) == []
+
+
+def test_action_cache(tmp_path, cas):
+    ac = LocalActionCache(cas.base, cas.tmp)
+    r = ActionResult("t" * 64, 0, "o" * 64, "e" * 64, 1.5, 3)
+    key = "ab" + "c" * 62
+    assert ac.get(key) is None
+    ac.put(key, r)
+    assert ac.get(key) == r
+    assert (cas.base / "ac" / "ab" / ("c" * 62 + ".json")).is_file()
+    (cas.base / "ac" / "ab" / ("c" * 62 + ".json")).write_text("{not json")
+    assert ac.get(key) is None  # a damaged entry is a miss, never a crash
+    ac.remove(key)
+    assert ac.get(key) is None
+    assert leftovers(cas) == []
+
+
+def test_trace_files_are_distinct_per_label(cas):
+    trace = Trace(cas.base, cas.tmp)
+    labels = ["//a__b:c", "//a/b:c", "//a:b--c", "//a--b:c", "//:a--b__c"]
+    for i, label in enumerate(labels):
+        trace.save(label, {"n": i})
+    assert [trace.load(label)["n"] for label in labels] == list(range(len(labels)))
+    assert trace.load("//never:built") == {}
+
+
+# -- corruption, end to end -----------------------------------------------------------------------
+CHAIN = {
+    "in.txt": "source text\n",
+    "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["a.txt"]\n'
+                      'cmd = "tr a-z A-Z < $SRC/in.txt > $OUT/a.txt"\n\n'
+                      '[b]\nkind = "genrule"\nouts = ["b.txt"]\ndeps = { a = ":a" }\n'
+                      'cmd = "rev < $IN_A/a.txt > $OUT/b.txt"\n',
+}
+
+
+def damage(ws, content: bytes, how: str) -> None:
+    """Overwrite (same size) or truncate the blob holding `content`, as a disk error would."""
+    path = ws.store / "cas" / B3.of(content)[:2] / B3.of(content)[2:]
+    assert path.is_file(), "the blob should be in the store"
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        if how == "flip":
+            data = bytearray(f.read())
+            data[0] = ord("#") if data[0] != ord("#") else ord("%")
+            f.seek(0)
+            f.write(bytes(data))
+        else:
+            f.truncate(3)
+
+
+@requires_bwrap
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupted_output_blob_is_rebuilt(make_ws, how):
+    ws = make_ws(CHAIN)
+    first = ws.build("//p:a", "//p:b")
+    assert first.rc == 0, first.stderr
+    assert ws.read_output("//p:a", "a.txt") == "SOURCE TEXT\n"
+    damage(ws, b"SOURCE TEXT\n", how)
+
+    run = ws.build("//p:a", "//p:b")
+    assert run.rc == 0, run.stderr
+    assert "corrupted" in run.stderr  # the warning
+    a = action(run.json, "//p:a")
+    assert a["status"] == "executed"
+    assert "corrupted" in a["reason"] and "a.txt" in a["reason"]
+    # b's inputs are identical once a is rebuilt: it is not run again.
+    assert action(run.json, "//p:b")["status"] in ("hit", "cutoff")
+    assert ws.read_output("//p:a", "a.txt") == "SOURCE TEXT\n"
+    assert ws.read_output("//p:b", "b.txt") == "TXET ECRUOS\n"
+
+    again = ws.build("//p:a", "//p:b")
+    assert again.rc == 0 and again.json["executed"] == 0 and "corrupted" not in again.stderr
+
+
+@requires_bwrap
+def test_corrupted_source_blob_is_replaced_from_the_workspace(make_ws):
+    """A bad blob of a *source* file must not reach an action: the workspace has the truth."""
+    ws = make_ws(CHAIN)
+    assert ws.build("//p:a", "//p:b").rc == 0
+    damage(ws, b"source text\n", "flip")
+    # Change the command so the action runs (and mounts its sources) again.
+    ws.write({"targets/p.toml": CHAIN["targets/p.toml"].replace("tr a-z A-Z", "tr 'a-z' 'A-Z'")})
+    run = ws.build("//p:a", "//p:b")
+    assert run.rc == 0, run.stderr
+    assert action(run.json, "//p:a")["status"] == "executed"
+    assert ws.read_output("//p:a", "a.txt") == "SOURCE TEXT\n"
