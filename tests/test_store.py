@@ -250,3 +250,23 @@ def test_corrupted_source_blob_is_replaced_from_the_workspace(make_ws):
     assert run.rc == 0, run.stderr
     assert action(run.json, "//p:a")["status"] == "executed"
     assert ws.read_output("//p:a", "a.txt") == "SOURCE TEXT\n"
+
+
+@requires_bwrap
+def test_corrupted_executable_copy_is_detected(make_ws):
+    """Executables are materialized from a `.x` copy of the blob; that copy is checked too."""
+    ws = make_ws({"targets/p.toml": '[t]\nkind = "genrule"\nouts = ["tool"]\n'
+                                    'cmd = "printf \'#!/bin/sh\\\\necho good\\\\n\' > tool; chmod +x tool"\n'})
+    assert ws.build("//p:t").rc == 0
+    content = (ws.root / "bgraph-out/p/t/tool").read_bytes()
+    assert content == b"#!/bin/sh\necho good\n"
+    x = ws.store / "cas" / B3.of(content)[:2] / (B3.of(content)[2:] + ".x")
+    assert x.is_file()
+    x.chmod(0o755)
+    x.write_bytes(content.replace(b"good", b"evil"))
+    run = ws.build("//p:t")
+    assert run.rc == 0, run.stderr
+    assert "corrupted" in run.stderr
+    assert action(run.json, "//p:t")["status"] == "executed"
+    assert (ws.root / "bgraph-out/p/t/tool").read_bytes() == content
+    assert os.access(ws.root / "bgraph-out/p/t/tool", os.X_OK)

@@ -77,22 +77,25 @@ class LocalCas:
     def blob_path(self, digest: str) -> Path:
         return _shard(self.blobs, digest)
 
-    def _install(self, tmp_path: str, digest: str) -> None:
+    def _install(self, tmp_path: str, digest: str, size: int) -> None:
         dest = self.blob_path(digest)
-        if dest.exists():
+        # An existing copy is trusted only once verified: a corrupted one is evicted and
+        # replaced by these (known good) bytes, so it can never reach an action's inputs.
+        if self.verify(FileEntry(digest, size)):
             os.unlink(tmp_path)
             return
         dest.parent.mkdir(exist_ok=True)
         os.chmod(tmp_path, 0o444)
         os.replace(tmp_path, dest)
+        self._verified.add(digest)
 
     def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry:
         digest = self.digester.of(data)
-        if not self.blob_path(digest).exists():
+        if not self.verify(FileEntry(digest, len(data))):
             fd, tmp = tempfile.mkstemp(dir=self.tmp)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            self._install(tmp, digest)
+            self._install(tmp, digest, len(data))
         return FileEntry(digest, len(data), executable)
 
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
@@ -107,7 +110,7 @@ class LocalCas:
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
             digest = h.hexdigest()
-            self._install(path, digest)
+            self._install(path, digest, st.st_size)
             return FileEntry(digest, st.st_size, executable)
         fd, tmp = tempfile.mkstemp(dir=self.tmp)
         size = 0
@@ -117,7 +120,7 @@ class LocalCas:
                 dst.write(chunk)
                 size += len(chunk)
         digest = h.hexdigest()
-        self._install(tmp, digest)
+        self._install(tmp, digest, size)
         return FileEntry(digest, size, executable)
 
     def has(self, entry: FileEntry) -> bool:
@@ -128,19 +131,22 @@ class LocalCas:
             return False
 
     def verify(self, entry: FileEntry) -> bool:
-        """True if the blob is present and hashes to its digest; a bad blob is removed."""
+        """True if the blob is present and hashes to its digest; a bad blob is removed.
+        The executable copy (`.x`), which materialized trees link to, is checked too."""
         if entry.digest in self._verified:
             return True
         p = self.blob_path(entry.digest)
+        x = Path(str(p) + ".x")
         try:
-            if p.stat().st_size != entry.size:
-                raise CorruptBlob("size mismatch")
-            h = self.digester.new()
-            with open(p, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-            if h.hexdigest() != entry.digest:
-                raise CorruptBlob("digest mismatch")
+            for copy in (p, x) if x.exists() else (p,):
+                if copy.stat().st_size != entry.size:
+                    raise CorruptBlob("size mismatch")
+                h = self.digester.new()
+                with open(copy, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        h.update(chunk)
+                if h.hexdigest() != entry.digest:
+                    raise CorruptBlob("digest mismatch")
         except FileNotFoundError:
             return False
         except CorruptBlob as e:

@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 
 class Trace:
@@ -17,8 +18,8 @@ class Trace:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, label: str) -> Path:
-        safe = label.lstrip("/").replace("/", "__").replace(":", "--")
-        return self.root / f"{safe}.json"
+        # Percent-encoding is one-to-one: //a__b:c and //a/b:c get different files.
+        return self.root / f"{quote(label, safe='')}.json"
 
     def load(self, label: str) -> dict[str, Any]:
         try:

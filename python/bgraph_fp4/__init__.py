@@ -89,7 +89,7 @@ def quantize(x, global_scale: float) -> tuple[np.ndarray, np.ndarray]:
     _check_blocked(x.size)
     codes = np.empty(x.size // 2, dtype=np.uint8)
     scales = np.empty(x.size // BLOCK, dtype=np.uint8)
-    _check(_lib().bgraph_fp4_quantize(x, x.size, global_scale, codes, scales))
+    _check(_lib().bgraph_fp4_quantize(x, x.size, float(global_scale), codes, scales))
     return codes, scales
 
 
@@ -101,7 +101,7 @@ def dequantize(codes, scales, global_scale: float, n: int) -> np.ndarray:
     if codes.size < n // 2 or scales.size < n // BLOCK:
         raise ValueError(f"{n} elements need {n // 2} code bytes and {n // BLOCK} scales")
     out = np.empty(n, dtype=np.float32)
-    _check(_lib().bgraph_fp4_dequantize(codes, scales, n, global_scale, out))
+    _check(_lib().bgraph_fp4_dequantize(codes, scales, n, float(global_scale), out))
     return out
 
 
