@@ -38,7 +38,8 @@ BGRAPH_FP4_API int bgraph_fp4_quantize(const float* x, size_t n, float global_sc
 BGRAPH_FP4_API int bgraph_fp4_dequantize(const uint8_t* codes, const uint8_t* scales, size_t n,
                                          float global_scale, float* out);
 
-/* Message of this thread's last failed call; "" if none failed. */
+/* Message of this thread's last failed call ("" if none failed), valid until the
+ * thread's next failing call. */
 BGRAPH_FP4_API const char* bgraph_fp4_last_error(void);
 
 /* 1 if the device code picked for the current GPU converts with the hardware

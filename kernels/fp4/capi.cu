@@ -1,6 +1,7 @@
 // C ABI (bgraph_fp4.h): argument checks, device buffers, copies and kernel launches.
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "bgraph_fp4.h"
 #include "fp4.cuh"
@@ -53,6 +54,7 @@ bool valid_global_scale(float global_scale) {
   return global_scale > 0.0f && std::isfinite(bgraph_fp4::kE2M1Max * global_scale);
 }
 
+// Argument checks shared by quantize and dequantize.
 int check_blocked(const void* a, const void* b, const void* c, std::size_t n, float global_scale) {
   if (a == nullptr || b == nullptr || c == nullptr) {
     return fail(BGRAPH_FP4_EINVAL, "null pointer argument");

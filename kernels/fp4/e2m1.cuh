@@ -4,8 +4,9 @@
 //   * round to nearest, ties to even code (the code whose mantissa bit is 0);
 //   * finite values beyond 6 and +-inf saturate to +-6 (code 0x7 / 0xF);
 //   * the sign is kept for zeros and for values that round to zero (-0.1 -> 0x8);
-//   * NaN, whatever its sign or payload, becomes +6 (code 0x7). This is what
-//     cvt.rn.satfinite.e2m1x2.f32 and CUDA's own E2M1 emulation (cuda_fp4.hpp) do.
+//   * NaN, whatever its sign or payload, becomes +6 (code 0x7). CUDA documents this
+//     for __nv_cvt_float_to_fp4, which is this instruction on the targets below and
+//     an emulation elsewhere; the software path equals that emulation on all 2^32 floats.
 // Magnitudes of the 8 codes: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 #pragma once
 

@@ -24,7 +24,6 @@
 namespace bgraph_fp4 {
 
 constexpr std::size_t kBlockElems = 16;         // elements sharing one E4M3 scale
-constexpr std::size_t kBlockBytes = kBlockElems / 2;
 constexpr float kE2M1Max = 6.0f;
 constexpr int kThreadsPerBlock = 256;
 constexpr std::size_t kMaxGridBlocks = 4096;    // grid-stride loops cover the rest

@@ -5,8 +5,8 @@ Every function reproduces the CUDA code bit for bit:
 * E2M1 encoding: round to nearest, ties to even; saturation to +-6 (inf included);
   the sign of zeros and of values rounding to zero is kept; NaN -> +6 (code 0x7).
 * E4M3 encoding: round to nearest, ties to even, satfinite (+-448 for large values
-  and inf); NaN -> 0x7F with the input's sign bit (CUDA's emulation; the quantizer
-  never feeds it a NaN).
+  and inf); NaN of either sign -> 0x7F, as CUDA's __nv_cvt_float_to_fp8 (the
+  quantizer never feeds it a NaN).
 * NVFP4 quantization, per block of 16 elements, all arithmetic in float32::
 
       amax  = max |x| ignoring NaN (0 if there is none)
@@ -59,7 +59,8 @@ def _encode_magnitude(mag: np.ndarray, man_bits: int, emin: int, max_value: floa
 def _encode(x, man_bits: int, emin: int, max_value: float, sign_shift: int) -> tuple:
     x = _as_f32(x)
     nan = np.isnan(x)
-    mag = np.where(nan, 0.0, np.abs(x.astype(np.float64)))
+    # NaNs are zeroed before widening: casting a signalling NaN raises "invalid".
+    mag = np.abs(np.where(nan, np.float32(0), x)).astype(np.float64)
     code = _encode_magnitude(mag, man_bits, emin, max_value)
     sign = np.signbit(x).astype(np.uint32) << sign_shift
     return code | sign, nan
@@ -81,7 +82,7 @@ def e2m1_decode(codes) -> np.ndarray:
 def e4m3_encode(x) -> np.ndarray:
     """FP8 E4M3 code of each element of ``x``, RNE with satfinite, as uint8."""
     code, nan = _encode(x, man_bits=3, emin=-6, max_value=E4M3_MAX, sign_shift=7)
-    return np.where(nan, code | 0x7F, code).astype(np.uint8)
+    return np.where(nan, 0x7F, code).astype(np.uint8)
 
 
 def e4m3_decode(codes) -> np.ndarray:
@@ -133,10 +134,8 @@ def block_amax(x) -> np.ndarray:
 
 def block_scales(x, global_scale) -> np.ndarray:
     """E4M3 scale byte of each 16-element block."""
-    g = np.float32(global_scale)
-    with np.errstate(over="ignore"):
-        denominator = np.float32(E2M1_MAX) * g
-    return e4m3_encode(block_amax(x) / denominator)
+    with np.errstate(over="ignore"):  # inf saturates to the largest scale, as on the GPU
+        return e4m3_encode(block_amax(x) / (np.float32(E2M1_MAX) * np.float32(global_scale)))
 
 
 def _divisors(scales, global_scale) -> np.ndarray:
