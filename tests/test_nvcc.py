@@ -1,0 +1,48 @@
+"""nvcc --dryrun decomposition: pure text in, per-(TU, arch) steps out (no nvcc needed)."""
+
+from pathlib import Path
+
+import pytest
+
+from build_graph.nvcc import DryrunError, parse_dryrun
+
+DATA = Path(__file__).parent / "data"
+
+
+def steps_of(name: str):
+    return parse_dryrun((DATA / name).read_text(), "k.o")
+
+
+def test_two_arch_dryrun_becomes_per_arch_steps():
+    env, steps = steps_of("nvcc13.0-dryrun-120a-121a.txt")
+    assert [(s.kind, s.arch) for s in steps] == [
+        ("hostpp", None), ("cudafe", None),
+        ("devpp", "1200"), ("cicc", "120a"), ("ptxas", "120a"),
+        ("devpp", "1210"), ("cicc", "121a"), ("ptxas", "121a"),
+        ("fatbin", None), ("hostcc", None)]
+    assert env["NVVMIR_LIBRARY_DIR"].startswith("/bgraph/toolchain")
+    cicc121 = steps[6]
+    assert cicc121.inputs == ["k.module_id", "k.compute_121a.cpp1.ii"]
+    assert "k.compute_121a.ptx" in cicc121.outputs
+    # No temp name, PID or host path survives.
+    for s in steps:
+        assert not any("tmpxft" in a or a.startswith("/tmp") for a in s.argv), s.argv
+    # Only preprocessing reads the source: the compile steps are keyed on their inputs alone.
+    assert [s.kind for s in steps if s.reads_source] == ["hostpp", "devpp", "devpp"]
+    host = steps[-1]
+    assert host.outputs == ["k.o"] and "k.fatbin.c" in host.inputs
+
+
+def test_single_arch_names_match_the_multi_arch_ones():
+    """Adding an arch must leave the first arch's steps byte-identical (same keys)."""
+    _, one = steps_of("nvcc13.0-dryrun-120a.txt")
+    _, two = steps_of("nvcc13.0-dryrun-120a-121a.txt")
+    for kind in ("cicc", "ptxas"):
+        a = next(s for s in one if s.kind == kind)
+        b = next(s for s in two if s.kind == kind and s.arch == "120a")
+        assert a.argv == b.argv and a.inputs == b.inputs and a.outputs == b.outputs
+
+
+def test_unknown_step_is_refused():
+    with pytest.raises(DryrunError, match="unsupported nvcc step"):
+        parse_dryrun('#$ nvlink --arch=sm_90 "a.o" -o "b.o"\n', "k.o")
