@@ -2,7 +2,7 @@
 
 Runs in-process (no sandbox): it reads one verified blob and writes blobs, and never runs
 anything the archive holds. Refused: absolute names, `..` components, symlinks or hard links
-pointing outside the root, device and fifo entries.
+pointing outside the root, entries below a symlink, device and fifo entries.
 """
 
 from __future__ import annotations
@@ -39,6 +39,27 @@ def _check_link(name: str, target: str, archive: str) -> None:
         raise ArchiveError(f"symlink {name!r} -> {target!r} points outside the root; refused", where=archive)
 
 
+def _check_nesting(name: str, entry: object, leaves: dict[str, object], parents: dict[str, str],
+                   archive: str) -> None:
+    """Refuse entries below a symlink or file (materializing them would write through it,
+    possibly outside the root), and a symlink or file where other entries need a directory."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if parent in leaves:
+            what = "symlink" if isinstance(leaves[parent], SymlinkEntry) else "file"
+            raise ArchiveError(f"entry {name!r} lies below {what} {parent!r}; refused", where=archive)
+        parents.setdefault(parent, name)
+    if isinstance(entry, DirEntry):
+        leaves.pop(name, None)
+        return
+    if name in parents:
+        what = "symlink" if isinstance(entry, SymlinkEntry) else "file"
+        raise ArchiveError(f"{what} entry {name!r} would replace the directory holding {parents[name]!r}; refused",
+                           where=archive)
+    leaves[name] = entry
+
+
 def _strip(path: str, prefix: str) -> str | None:
     if not prefix:
         return path
@@ -64,7 +85,10 @@ def _tar_entries(path: str, archive: str, cas: LocalCas) -> Iterator[tuple[str, 
                 _check_link(name, m.linkname, archive)
                 entry = SymlinkEntry(m.linkname)
             elif m.islnk():
-                target = _safe_name(m.linkname, archive)
+                try:
+                    target: str | None = _safe_name(m.linkname, archive)
+                except ArchiveError:
+                    target = None
                 if target not in seen:
                     raise ArchiveError(f"hard link {name!r} -> {m.linkname!r} points outside the archive; refused",
                                        where=archive)
@@ -112,7 +136,10 @@ def extract(cas: LocalCas, action: Action) -> tuple[Tree, ActionResult]:
     reader = _zip_entries if zipfile.is_zipfile(path) else _tar_entries
     entries: dict[str, object] = {}
     prefix = spec.get("strip_prefix", "").strip("/")
+    leaves: dict[str, object] = {}
+    parents: dict[str, str] = {}
     for name, entry in reader(path, filename, cas):
+        _check_nesting(name, entry, leaves, parents, filename)
         rel = _strip(name, prefix)
         if rel:
             entries[rel] = entry

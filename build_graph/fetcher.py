@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -59,7 +60,7 @@ def find_on_index(project: str, filename: str, session: requests.Session) -> tup
     """Candidate URLs for `filename` across pip's indexes, and the indexes asked."""
     found, asked = [], []
     for index in pip_indexes():
-        page_url = index.rstrip("/") + "/" + project.lower().replace("_", "-").replace(".", "-") + "/"
+        page_url = index.rstrip("/") + "/" + re.sub(r"[-_.]+", "-", project).lower() + "/"  # PEP 503
         asked.append(index)
         if page_url.startswith("file:"):
             p = _local_path(page_url)
@@ -144,6 +145,8 @@ class Fetcher:
             return self.cas.put_file(tmp, executable=False, move=True)
         except requests.RequestException as e:
             raise FetchError(f"download of {url} failed: {e}", where=what) from None
+        except OSError as e:  # file: URLs (and the staging file)
+            raise FetchError(f"download of {url} failed: {e.strerror or e}", where=what) from None
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

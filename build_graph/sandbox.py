@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from build_graph.errors import ActionFailed, SandboxError
-from build_graph.model import Action, ActionResult, HostTool, Tree
+from build_graph.model import Action, ActionResult, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -85,6 +85,12 @@ class BwrapRunner:
     def run(self, action: Action) -> tuple[Tree, ActionResult]:
         if self.stopping:
             raise ActionFailed("interrupted", where=action.name)
+        for o in action.outputs:
+            try:
+                check_relpath(o)
+            except ValueError:
+                raise SandboxError(f"declared output {o!r} is not a relative path inside the output directory",
+                                   where=action.name) from None
         work = Path(tempfile.mkdtemp(dir=self.cas.tmp, prefix="act-"))
         out_dir = work / "out"
         out_dir.mkdir()
@@ -110,6 +116,12 @@ class BwrapRunner:
                 raise ActionFailed("interrupted", where=action.name)
             if code != 0:
                 raise ActionFailed(f"exited with status {code}\n{_tail(stdout + stderr)}", where=action.name)
+            for o in action.outputs:
+                # The action may have replaced a directory by a symlink: never read (and move
+                # into the store) host files through it.
+                link = _symlinked_parent(out_dir, o)
+                if link:
+                    raise ActionFailed(f"declared output {o} lies below symlink {link}; refused", where=action.name)
             missing = [o for o in action.outputs if not os.path.lexists(out_dir / o)]
             if missing:
                 raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
@@ -133,6 +145,16 @@ class BwrapRunner:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _symlinked_parent(out_dir: Path, output: str) -> str | None:
+    """The first directory on the way from out_dir to `output` that is a symlink, if any."""
+    p = out_dir
+    for part in output.split("/")[:-1]:
+        p = p / part
+        if p.is_symlink():
+            return p.relative_to(out_dir).as_posix()
+    return None
 
 
 def _tail(data: bytes, lines: int = 40) -> str:

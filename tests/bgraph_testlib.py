@@ -52,7 +52,7 @@ def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The test process's environment minus what could leak host configuration into bgraph."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BGRAPH_", "PIP_"))}
     env["PIP_CONFIG_FILE"] = os.devnull  # no host pip.conf (its extra indexes)
-    env["COLUMNS"] = "250"  # rich must not wrap the lines tests look at
+    env["COLUMNS"] = "2000"  # rich must not wrap the lines tests look at
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra or {})
     return env

@@ -24,8 +24,11 @@ DIAMOND = {
     "targets/q.toml": genrule("z"),
 }
 
-P = lambda name: Label("p", name)  # noqa: E731
 HOST = Label("toolchains", "host")
+
+
+def P(name: str) -> Label:
+    return Label("p", name)
 
 
 @pytest.fixture

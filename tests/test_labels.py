@@ -68,7 +68,7 @@ def test_pattern_matching():
     assert Label("pkgx", "e") not in expand(["//pkg/..."], KNOWN)
     assert expand(["//pkg/sub/..."], KNOWN) == [Label("pkg/sub", "c"), Label("pkg/sub/deep", "d")]
     assert sorted(expand(["//..."], KNOWN)) == sorted(KNOWN)
-    assert expand([":root".join(["//", ""])], KNOWN) == [Label("", "root")]
+    assert expand(["//:root"], KNOWN) == [Label("", "root")]
 
 
 def test_expand_keeps_order_and_drops_duplicates():

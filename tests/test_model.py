@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import blake3
 import pytest
@@ -199,11 +198,10 @@ def test_action_keys_contain_no_host_paths(make_ws, tmp_path):
         assert action(s1, label)["key"] == action(s2, label)["key"]
         assert action(s1, label)["status"] == action(s2, label)["status"] == "executed"
     # And no host path appears in the recorded action descriptions.
-    trace = (ws1.store / "trace").read_text() if (ws1.store / "trace").is_file() else "".join(
-        p.read_text() for p in (ws1.store / "trace").iterdir())
-    assert str(ws1.root) not in trace and str(ws1.cache) not in trace and str(tmp_path) not in trace
+    trace = "".join(p.read_text() for p in (ws1.store / "trace").iterdir())
+    assert '"argv"' in trace
+    assert str(tmp_path) not in trace
     # A third copy sharing the first cache is fully cached.
     ws3 = make_ws(GENRULE_WS, name="third", cache=ws1.cache)
     r3 = ws3.build("//p:b")
     assert r3.rc == 0 and r3.json["executed"] == 0 and r3.json["hits"] == 2
-    shutil.rmtree(ws3.root / "bgraph-out")

@@ -234,6 +234,13 @@ class LocalCas:
         bad = self.verify_tree(tree)
         if bad:
             raise CorruptBlob(f"cannot materialize: {len(bad)} blob(s) missing or corrupted, e.g. {bad[0]}")
+        for path in tree.entries:
+            # Never create anything through a symlink (or below a file): it could land outside.
+            parent = path.rpartition("/")[0]
+            while parent:
+                if not isinstance(tree.entries.get(parent, DirEntry()), DirEntry):
+                    raise StoreError(f"cannot materialize: {path!r} lies below non-directory {parent!r}")
+                parent = parent.rpartition("/")[0]
         staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="tree-"))
         try:
             for path, entry in tree.entries.items():

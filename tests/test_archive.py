@@ -1,0 +1,265 @@
+"""Unpacking tar and zip archives into trees: escapes are refused, exec bits kept."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import tarfile
+import zipfile
+
+import pytest
+
+from bgraph_testlib import action, requires_bwrap
+from build_graph import archive
+from build_graph.errors import ArchiveError
+from build_graph.model import Action, Digester, DirEntry, FileEntry, SymlinkEntry, Tree
+from build_graph.store.cas import LocalCas
+
+B3 = Digester("blake3")
+
+
+@pytest.fixture
+def cas(tmp_path):
+    return LocalCas(tmp_path / "cache", B3)
+
+
+def make_tar(members: list[tuple], fmt=tarfile.GNU_FORMAT) -> bytes:
+    """members: (name, kind, payload, mode) with kind in file|dir|sym|lnk|chr|fifo."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=fmt) as tf:
+        for name, kind, payload, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            info.mtime = 1
+            data = None
+            if kind == "file":
+                data = io.BytesIO(payload)
+                info.size = len(payload)
+            elif kind == "dir":
+                info.type = tarfile.DIRTYPE
+            elif kind == "sym":
+                info.type, info.linkname = tarfile.SYMTYPE, payload
+            elif kind == "lnk":
+                info.type, info.linkname = tarfile.LNKTYPE, payload
+            elif kind == "chr":
+                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+            elif kind == "fifo":
+                info.type = tarfile.FIFOTYPE
+            tf.addfile(info, data)
+    return buf.getvalue()
+
+
+def make_zip(members: list[tuple[str, bytes, int]]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, payload, mode in members:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = mode << 16
+            zf.writestr(info, payload)
+    return buf.getvalue()
+
+
+def run_extract(cas: LocalCas, data: bytes, filename: str = "a.tar.gz", strip_prefix: str = "") -> Tree:
+    blob = cas.put_bytes(data)
+    act = Action(name=f"extract {filename}", mnemonic="Extract", kind="extract",
+                 inputs=(("archive", Tree({filename: blob})),), outputs=(".",),
+                 spec=(("filename", filename), ("strip_prefix", strip_prefix)))
+    tree, result = archive.extract(cas, act)
+    assert result.output_tree == tree.digest(B3)
+    assert cas.get_tree(result.output_tree) == tree
+    return tree
+
+
+def file_in(cas: LocalCas, tree: Tree, path: str) -> bytes:
+    entry = tree.entries[path]
+    assert isinstance(entry, FileEntry)
+    return cas.read_bytes(entry)
+
+
+# -- good archives ---------------------------------------------------------------------------
+GOOD = [
+    ("pkg-1.0/", "dir", None, 0o755),
+    ("pkg-1.0/README", "file", b"read me\n", 0o644),
+    ("pkg-1.0/bin/run", "file", b"#!/bin/sh\necho run\n", 0o755),
+    ("pkg-1.0/lib/", "dir", None, 0o755),
+    ("pkg-1.0/lib/current", "sym", "../README", 0o777),
+    ("pkg-1.0/lib/same", "lnk", "pkg-1.0/README", 0o644),
+    ("pkg-1.0/empty/", "dir", None, 0o755),
+]
+
+
+def test_good_tar_keeps_exec_bits_links_and_empty_dirs(cas):
+    tree = run_extract(cas, make_tar(GOOD))
+    assert set(tree.entries) == {"pkg-1.0/README", "pkg-1.0/bin/run", "pkg-1.0/lib/current",
+                                 "pkg-1.0/lib/same", "pkg-1.0/empty"}
+    assert tree.entries["pkg-1.0/bin/run"].executable
+    assert not tree.entries["pkg-1.0/README"].executable
+    assert tree.entries["pkg-1.0/lib/current"] == SymlinkEntry("../README")
+    assert tree.entries["pkg-1.0/lib/same"] == tree.entries["pkg-1.0/README"]
+    assert tree.entries["pkg-1.0/empty"] == DirEntry()
+    assert file_in(cas, tree, "pkg-1.0/bin/run") == b"#!/bin/sh\necho run\n"
+    # And it materializes as such.
+    root = cas.materialize(tree)
+    assert os.access(root / "pkg-1.0/bin/run", os.X_OK)
+    assert stat.S_IMODE((root / "pkg-1.0/README").stat().st_mode) == 0o444
+    assert (root / "pkg-1.0/lib/current").read_bytes() == b"read me\n"
+
+
+def test_strip_prefix(cas):
+    tree = run_extract(cas, make_tar(GOOD), strip_prefix="pkg-1.0")
+    assert set(tree.entries) == {"README", "bin/run", "lib/current", "lib/same", "empty"}
+    assert tree.entries["bin/run"].executable
+    # A trailing slash is the same prefix; entries outside it are dropped.
+    assert run_extract(cas, make_tar(GOOD + [("other/x", "file", b"x", 0o644)]),
+                       strip_prefix="pkg-1.0/") == tree
+
+
+def test_strip_prefix_matching_nothing(cas):
+    with pytest.raises(ArchiveError, match="nothing left after strip_prefix 'nope'"):
+        run_extract(cas, make_tar(GOOD), strip_prefix="nope")
+
+
+def test_zip_keeps_exec_bits(cas):
+    data = make_zip([("w-1.0/", b"", 0o40755), ("w-1.0/tool", b"#!tool", 0o100755),
+                     ("w-1.0/data.txt", b"data", 0o100644), ("w-1.0/nomode.txt", b"x", 0)])
+    tree = run_extract(cas, data, "w-1.0-py3-none-any.whl", strip_prefix="w-1.0")
+    assert set(tree.entries) == {"tool", "data.txt", "nomode.txt"}
+    assert tree.entries["tool"].executable
+    assert not tree.entries["data.txt"].executable and not tree.entries["nomode.txt"].executable
+    assert file_in(cas, tree, "tool") == b"#!tool"
+
+
+def test_zip_symlink(cas):
+    tree = run_extract(cas, make_zip([("d/f", b"f", 0o100644), ("d/l", b"f", 0o120777)]), "x.zip")
+    assert tree.entries["d/l"] == SymlinkEntry("f")
+    with pytest.raises(ArchiveError, match="'d/l' -> '../../etc'"):
+        run_extract(cas, make_zip([("d/l", b"../../etc", 0o120777)]), "y.zip")
+
+
+def test_extract_is_deterministic(cas):
+    a = run_extract(cas, make_tar(GOOD))
+    # Another member order (a hard link still after its target) and another tar format.
+    order = [GOOD[i] for i in (4, 6, 2, 1, 3, 5, 0)]
+    b = run_extract(cas, make_tar(order, fmt=tarfile.PAX_FORMAT))
+    assert a == b and a.digest(B3) == b.digest(B3)
+
+
+# -- hostile archives --------------------------------------------------------------------------
+@pytest.mark.parametrize("members, entry", [
+    ([("../evil", "file", b"x", 0o644)], "../evil"),
+    ([("ok/../../evil", "file", b"x", 0o644)], "ok/../../evil"),
+    ([("/etc/x", "file", b"x", 0o644)], "/etc/x"),
+    ([("a/link", "sym", "../../outside", 0o777)], "a/link"),
+    ([("link", "sym", "/etc/passwd", 0o777)], "link"),
+    ([("hard", "lnk", "etc/passwd", 0o644)], "hard"),
+    ([("hard", "lnk", "../../etc/passwd", 0o644)], "hard"),
+    ([("hard", "lnk", "/etc/passwd", 0o644)], "hard"),
+    ([("dev/null", "chr", None, 0o666)], "dev/null"),
+    ([("pipe", "fifo", None, 0o644)], "pipe"),
+])
+def test_hostile_tar_is_refused_naming_the_entry(cas, members, entry):
+    data = make_tar([("pkg/ok.txt", "file", b"ok", 0o644), *members])
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, data, "hostile.tar.gz")
+    msg = str(info.value)
+    assert repr(entry) in msg, msg
+    assert "refused" in msg
+    assert msg.startswith("hostile.tar.gz: ")
+
+
+@pytest.mark.parametrize("members, entry", [
+    # A symlink to a directory inside the root, then entries written through it: each link is
+    # harmless alone, but x/l/y resolves to ../.. of the root once x/l points at the root.
+    ([("x/l", "sym", "..", 0o777), ("x/l/y", "sym", "../..", 0o777),
+      ("x/l/y/escaped", "file", b"boom", 0o644)], "x/l/y"),
+    ([("d", "sym", ".", 0o777), ("d/f", "file", b"x", 0o644)], "d/f"),
+    ([("d/f", "file", b"x", 0o644), ("d", "sym", "sub", 0o777)], "d/f"),
+])
+def test_entries_through_symlinks_are_refused(cas, tmp_path, members, entry):
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, make_tar(members), "links.tar.gz")
+    assert repr(entry) in str(info.value) and "symlink" in str(info.value)
+    assert not list(tmp_path.rglob("escaped"))
+
+
+def test_hostile_zip_is_refused(cas):
+    with pytest.raises(ArchiveError, match="'../evil'"):
+        run_extract(cas, make_zip([("../evil", b"x", 0o100644)]), "z.zip")
+    with pytest.raises(ArchiveError, match="'/abs' has an absolute path"):
+        run_extract(cas, make_zip([("/abs", b"x", 0o100644)]), "z.zip")
+
+
+def test_not_an_archive(cas):
+    with pytest.raises(ArchiveError, match="not a readable tar archive"):
+        run_extract(cas, b"this is not an archive", "junk.tar.gz")
+
+
+def test_corrupted_archive_blob(cas):
+    blob = cas.put_bytes(make_tar(GOOD))
+    path = cas.blob_path(blob.digest)
+    path.chmod(0o644)
+    path.write_bytes(b"\0" * blob.size)
+    act = Action(name="extract", mnemonic="Extract", kind="extract", inputs=(("archive", Tree({"a.tgz": blob})),),
+                 spec=(("filename", "a.tgz"), ("strip_prefix", "")))
+    fresh = LocalCas(cas.base.parent.parent, B3)
+    with pytest.raises(ArchiveError, match="missing or corrupted"):
+        archive.extract(fresh, act)
+
+
+# -- end to end: http_archive (file:// URL) + extract ---------------------------------------------
+def archive_ws(make_ws, tmp_path, sha256: str):
+    data = make_tar(GOOD)
+    src = tmp_path / "downloads" / "pkg-1.0.tar.gz"
+    src.parent.mkdir(exist_ok=True)
+    src.write_bytes(data)
+    ws = make_ws({"targets/ext.toml": f'''[pkg-archive]
+kind = "http_archive"
+url = "file://{src}"
+sha256 = "{sha256}"
+
+[pkg]
+kind = "extract"
+src = ":pkg-archive"
+strip_prefix = "pkg-1.0"
+'''})
+    return ws, hashlib.sha256(data).hexdigest()
+
+
+@requires_bwrap
+def test_http_archive_sha256_mismatch_stores_nothing(make_ws, tmp_path):
+    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
+    run = ws.build("//ext:pkg")
+    assert run.rc == 1
+    assert not run.json["ok"]
+    assert "sha256 mismatch" in run.stderr
+    assert any("sha256 mismatch" in e and f"got {right}" in e for e in run.json["errors"])
+    assert action(run.json, "//ext:pkg-archive")["status"] == "failed"
+    assert ws.ac_entries() == set()
+    blobs = [p for p in (ws.store / "cas").rglob("*") if p.is_file()]
+    sha_of_blobs = {hashlib.sha256(p.read_bytes()).hexdigest() for p in blobs}
+    assert right not in sha_of_blobs  # the bad download is not in the CAS
+    assert not os.listdir(ws.cache / "v1" / "tmp")
+
+    ws.write({"targets/ext.toml": (ws.root / "targets/ext.toml").read_text().replace("0" * 64, right)})
+    run = ws.build("//ext:pkg")
+    assert run.rc == 0, run.stderr
+    assert run.json["executed"] == 2
+    out = ws.root / "bgraph-out/ext/pkg"
+    assert (out / "README").read_text() == "read me\n"
+    assert os.access(out / "bin/run", os.X_OK)
+    assert os.readlink(out / "lib/current") == "../README"
+    assert len(ws.ac_entries()) == 2
+    assert ws.build("//ext:pkg").json["executed"] == 0
+
+
+@requires_bwrap
+def test_http_archive_missing_file(make_ws, tmp_path):
+    ws, _ = archive_ws(make_ws, tmp_path, "0" * 64)
+    (tmp_path / "downloads" / "pkg-1.0.tar.gz").unlink()
+    run = ws.build("//ext:pkg")
+    assert run.rc == 1
+    assert "Traceback" not in run.stderr
+    assert "download of file://" in run.stderr and "pkg-1.0.tar.gz failed: No such file or directory" in run.stderr
+    assert ws.ac_entries() == set()

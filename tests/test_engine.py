@@ -1,0 +1,421 @@
+"""The build loop: caching, early cutoff, reasons, reproducibility, failures, scheduling."""
+
+from __future__ import annotations
+
+import tarfile
+import threading
+import time
+
+import pytest
+
+from bgraph_testlib import action, requires_bwrap, statuses
+from build_graph.model import Digester
+from build_graph.scheduler import Scheduler
+
+B3 = Digester("blake3")
+
+# //p:a strips comments from in.txt; //p:b counts a's lines.
+CUTOFF = {
+    "in.txt": "# a comment\nalpha\nbeta\n",
+    "targets/p.toml": '''[a]
+kind = "genrule"
+srcs = ["in.txt"]
+outs = ["a.txt"]
+cmd = "grep -v '^#' $SRC/in.txt > $OUT/a.txt"
+
+[b]
+kind = "genrule"
+outs = ["b.txt"]
+deps = { a = ":a" }
+cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"
+''',
+}
+
+
+# -- caching and early cutoff ---------------------------------------------------------------------------
+@requires_bwrap
+def test_second_build_executes_nothing(make_ws):
+    ws = make_ws(CUTOFF)
+    first = ws.build("//p:b")
+    assert first.rc == 0, first.stderr
+    assert statuses(first.json) == {"//p:a": "executed", "//p:b": "executed"}
+    assert ws.read_output("//p:b", "b.txt").strip() == "2"
+    second = ws.build("//p:b")
+    assert second.rc == 0
+    assert second.json["executed"] == 0 and second.json["hits"] == 2
+    assert statuses(second.json) == {"//p:a": "hit", "//p:b": "hit"}
+    assert all(a["reason"] == "inputs unchanged" for a in second.json["actions"])
+    # The in-process API agrees, and a fully cached build never starts the sandbox.
+    engine = ws.engine()
+    from build_graph.labels import parse_label
+    result = engine.build([parse_label("//p:b")])
+    assert not result.failures and result.count("executed") == 0
+    assert engine._sandbox is None
+
+
+@requires_bwrap
+def test_early_cutoff(make_ws):
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:b").rc == 0
+
+    ws.write({"in.txt": "# another comment, edited\nalpha\nbeta\n"})
+    run = ws.build("//p:b")
+    assert run.rc == 0, run.stderr
+    a, b = action(run.json, "//p:a"), action(run.json, "//p:b")
+    assert a["status"] == "executed"
+    assert "in.txt" in a["reason"]
+    assert b["status"] == "cutoff"
+    assert run.json["executed"] == 1 and run.json["cut_off"] == 1
+
+    explain = ws.cli("explain", "//p:b")
+    assert explain.rc == 0
+    assert "cut off" in explain.stdout
+    assert "upstream rebuilt to identical outputs" in explain.stdout
+    explain_a = ws.cli("explain", "//p:a")
+    assert "ran genrule" in explain_a.stdout and "/bgraph/src/in.txt" in explain_a.stdout
+    records = ws.cli("explain", "//p:b", "--json").json
+    assert [r["status"] for r in records] == ["cutoff"]
+
+
+@requires_bwrap
+def test_real_edit_rebuilds_both_and_names_the_file(make_ws):
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:b").rc == 0
+    ws.write({"in.txt": "# a comment\nalpha\nbeta\ngamma\n"})
+    run = ws.build("//p:b")
+    assert run.rc == 0, run.stderr
+    a, b = action(run.json, "//p:a"), action(run.json, "//p:b")
+    assert a["status"] == b["status"] == "executed"
+    assert a["reason"].startswith("input /bgraph/src/in.txt ")
+    assert b["reason"].startswith("input /bgraph/in/a/a.txt ")
+    assert ws.read_output("//p:b", "b.txt").strip() == "3"
+    explain = ws.cli("explain", "//p:a", "--json").json
+    assert explain[0]["reason"] == a["reason"]
+
+
+@requires_bwrap
+def test_reason_names_a_changed_command(make_ws):
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:a").rc == 0
+    ws.write({"targets/p.toml": CUTOFF["targets/p.toml"].replace("grep -v '^#'", "grep -v '^[#]'")})
+    run = ws.build("//p:a")
+    reason = action(run.json, "//p:a")["reason"]
+    assert reason.startswith("argv[2] ") and "'^[#]'" in reason
+
+
+@requires_bwrap
+def test_rich_output_survives_markup_in_commands(make_ws):
+    """Reasons quote commands; text like `[/x]` in them is not rich markup (it used to crash)."""
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo one > o"\n'})
+    assert ws.cli("build", "//p:a").rc == 0
+    ws.write({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo \'[/x] [bold]\' > o"\n'})
+    run = ws.cli("build", "//p:a")  # the human reporter, not --json
+    assert run.rc == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    assert "[/x] [bold]" in run.stderr
+    explain = ws.cli("explain", "//p:a")
+    assert explain.rc == 0 and "[/x] [bold]" in explain.stdout
+
+
+# -- reproducibility --------------------------------------------------------------------------------------
+REPRO = {
+    "src/data.txt": "zeta\nalpha\nmid\n",
+    "src/tool.sh": "#!/bin/sh\nsort \"$1\"\n",
+    "targets/p.toml": '''[gen]
+kind = "genrule"
+srcs = ["src/*"]
+outs = ["sorted.txt", "meta/env.txt", "meta/tool", "link"]
+cmd = """
+sh $SRC/src/tool.sh $SRC/src/data.txt > sorted.txt
+mkdir -p meta
+(pwd; hostname; id -u; echo $HOME $TMPDIR $TZ; date -u -d @$SOURCE_DATE_EPOCH; ls /tmp | wc -l) > meta/env.txt
+cp $SRC/src/tool.sh meta/tool && chmod 755 meta/tool
+ln -s sorted.txt link
+"""
+
+[tar]
+kind = "genrule"
+deps = { gen = ":gen" }
+outs = ["gen.tar"]
+cmd = "tar --sort=name --mtime=@$SOURCE_DATE_EPOCH --owner=0 --group=0 --numeric-owner -cf gen.tar -C $IN_GEN ."
+''',
+}
+
+
+@requires_bwrap
+def test_clean_builds_in_two_places_are_identical(make_ws, tmp_path):
+    ws1 = make_ws(REPRO, name="one")
+    ws2 = make_ws(REPRO, name="two/nested")
+    r1 = ws1.engine_build("//p:gen", "//p:tar")
+    r2 = ws2.engine_build("//p:gen", "//p:tar")
+    assert not r1.failures and not r2.failures, (r1.failures, r2.failures)
+    from build_graph.labels import parse_label
+    for label in ("//p:gen", "//p:tar"):
+        t1, t2 = r1.outputs[parse_label(label)].tree, r2.outputs[parse_label(label)].tree
+        assert t1 == t2
+        assert t1.digest(B3) == t2.digest(B3)
+    gen = r1.outputs[parse_label("//p:gen")].tree
+    assert gen.entries["meta/tool"].executable
+    assert {r.key for r in r1.records} == {r.key for r in r2.records}
+    # The CLI agrees: same keys, same bytes.
+    c1, c2 = ws1.build("//p:tar"), ws2.build("//p:tar")
+    assert action(c1.json, "//p:tar")["key"] == action(c2.json, "//p:tar")["key"]
+    assert (ws1.root / "bgraph-out/p/tar/gen.tar").read_bytes() == (ws2.root / "bgraph-out/p/tar/gen.tar").read_bytes()
+    with tarfile.open(ws1.root / "bgraph-out/p/tar/gen.tar") as tf:
+        assert sorted(tf.getnames()) == [".", "./link", "./meta", "./meta/env.txt", "./meta/tool", "./sorted.txt"]
+    # Nothing about the host in the environment the action saw.
+    r = ws1.build("//p:gen")
+    meta = ws1.read_output("//p:gen", "meta/env.txt").splitlines()
+    assert meta[:3] == ["/bgraph/out", "bgraph", "0"]
+    assert meta[3] == "/tmp /tmp UTC"
+    assert meta[4].startswith("Tue Jan  1 00:00:00 UTC 1980")
+    assert meta[5] == "0"
+    assert r.json["executed"] == 0
+
+
+@requires_bwrap
+def test_check_reports_nondeterministic_actions(make_ws):
+    ws = make_ws({"targets/p.toml": '[det]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo same > o"\n\n'
+                                    '[nondet]\nkind = "genrule"\nouts = ["o"]\n'
+                                    'cmd = "cat /proc/sys/kernel/random/uuid > o"\n'})
+    assert ws.build("//p:det", "//p:nondet").rc == 0
+    run = ws.build("//p:det", args=("--check",))
+    assert run.rc == 0, run.stderr
+    assert action(run.json, "//p:det")["status"] == "executed" and run.json["differing"] == []
+    run = ws.build("//p:det", "//p:nondet", args=("--check",))
+    assert run.rc == 3
+    assert run.json["differing"] == ["//p:nondet genrule"]
+    assert action(run.json, "//p:nondet")["differs"] is True
+
+
+# -- failures ------------------------------------------------------------------------------------------------
+FAILING = {
+    "targets/p.toml": '''[bad]
+kind = "genrule"
+outs = ["o"]
+cmd = "echo broken >&2; exit 1"
+
+[after-bad]
+kind = "genrule"
+deps = { bad = ":bad" }
+outs = ["o"]
+cmd = "cp $IN_BAD/o o"
+
+[good]
+kind = "genrule"
+outs = ["o"]
+cmd = "sleep 0.3; echo good > o"
+
+[good2]
+kind = "genrule"
+deps = { good = ":good" }
+outs = ["o"]
+cmd = "cat $IN_GOOD/o $IN_GOOD/o > o"
+''',
+}
+
+
+@requires_bwrap
+def test_keep_going_builds_independent_targets(make_ws):
+    ws = make_ws(FAILING)
+    run = ws.build("//p:all", args=("--keep-going", "-j", "2"))
+    assert run.rc == 1
+    s = run.json
+    assert not s["ok"]
+    st = statuses(s)
+    assert st["//p:bad"] == "failed"
+    assert st["//p:good"] == "executed" and st["//p:good2"] == "executed"
+    assert "//p:after-bad" not in st  # never started: its dependency failed
+    assert s["failed"] == 1 and len(s["errors"]) == 1 and "broken" in s["errors"][0]
+    assert len(ws.ac_entries()) == 2
+    # The good targets are cached now; the bad one runs (and fails) again.
+    again = ws.build("//p:all", args=("-k",))
+    assert statuses(again.json) == {"//p:bad": "failed", "//p:good": "hit", "//p:good2": "hit"}
+
+
+@requires_bwrap
+def test_without_keep_going_the_build_stops(make_ws):
+    ws = make_ws(FAILING)
+    # bad fails at once while good (0.3 s) is still running; good2, which needs good, never starts.
+    run = ws.build("//p:bad", "//p:good2", args=("-j", "2"))
+    assert run.rc == 1
+    st = statuses(run.json)
+    assert st["//p:bad"] == "failed"
+    assert "//p:good2" not in st
+    assert len(run.json["errors"]) == 1
+
+
+@requires_bwrap
+def test_failed_builds_leave_the_store_untouched(make_ws):
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:b").rc == 0
+    before = ws.ac_entries()
+    traces = {p.name: p.read_bytes() for p in (ws.store / "trace").iterdir()}
+    assert len(before) == 2
+    ws.write({"targets/p.toml": CUTOFF["targets/p.toml"].replace("grep -v", "exit 7; grep -v")})
+    run = ws.build("//p:b")
+    assert run.rc == 1 and "exited with status 7" in run.stderr
+    assert ws.ac_entries() == before
+    assert {p.name: p.read_bytes() for p in (ws.store / "trace").iterdir()} == traces
+    assert not list((ws.cache / "v1" / "tmp").iterdir())
+    # And the previous outputs are still served from the cache once the edit is undone.
+    ws.write(CUTOFF)
+    run = ws.build("//p:b")
+    assert run.rc == 0 and run.json["executed"] == 0
+
+
+@requires_bwrap
+def test_patch_that_does_not_apply_names_patch_and_hunk(make_ws):
+    good = ("--- a/hello.txt\n+++ b/hello.txt\n@@ -1,3 +1,3 @@\n line1\n-line2\n+line two\n line3\n")
+    bad = ("--- a/hello.txt\n+++ b/hello.txt\n@@ -1,3 +1,3 @@\n line1\n-something else\n+line 2\n line3\n")
+    ws = make_ws({
+        "patches/p/0001-good.patch": good,
+        "targets/p.toml": '''[orig]
+kind = "genrule"
+outs = ["hello.txt"]
+cmd = "printf 'line1\\\\nline2\\\\nline3\\\\n' > hello.txt"
+
+[patched]
+kind = "patched_tree"
+src = ":orig"
+patches = ["patches/p/*.patch"]
+''',
+    })
+    run = ws.build("//p:patched")
+    assert run.rc == 0, run.stderr
+    assert ws.read_output("//p:patched", "hello.txt") == "line1\nline two\nline3\n"
+
+    ws.write({"patches/p/0002-bad.patch": bad})
+    run = ws.build("//p:patched")
+    assert run.rc == 1
+    assert "patches/p/0002-bad.patch" in run.stderr
+    assert "Hunk #1 FAILED" in run.stderr
+    assert "does not apply" in run.stderr
+    assert any("Hunk #1 FAILED" in e for e in run.json["errors"])
+
+
+@requires_bwrap
+def test_missing_source_file_is_a_clear_error(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["nope.txt", "*.md"]\nouts = ["o"]\ncmd = "true"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 1
+    assert "targets/p.toml [a] key 'srcs': source file 'nope.txt' does not exist" in run.stderr
+
+
+# -- scheduling ----------------------------------------------------------------------------------------------
+def test_scheduler_limits_jobs_and_memory():
+    sched = Scheduler(jobs=3, max_mem_mb=1000)
+    gate = threading.Event()
+    running, peak = [0], [0]
+    lock = threading.Lock()
+
+    def job():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        gate.wait(5)
+        with lock:
+            running[0] -= 1
+        return "done"
+
+    futures = [sched.submit(job, 400) for _ in range(4)]
+    time.sleep(0.2)
+    assert running[0] == 2  # 3 jobs allowed, but 3 x 400 MB > 1000 MB
+    gate.set()
+    assert [f.result(5) for f in futures] == ["done"] * 4
+    sched.join()
+    assert sched.peak_running == peak[0] == 2
+    assert sched.peak_mem_mb == 800
+
+
+def test_scheduler_big_job_runs_alone_and_small_ones_pass():
+    sched = Scheduler(jobs=4, max_mem_mb=100)
+    order = []
+    gate = threading.Event()
+
+    def job(name, wait):
+        def run():
+            order.append(("start", name))
+            if wait:
+                gate.wait(5)
+            order.append(("end", name))
+        return run
+
+    big = sched.submit(job("first", True), 60)
+    huge = sched.submit(job("huge", False), 500)  # over the whole budget: waits, then runs alone
+    small = sched.submit(job("small", False), 30)  # fits beside the first: does not wait for huge
+    small.result(5)
+    assert ("start", "huge") not in order
+    gate.set()
+    big.result(5), huge.result(5)
+    sched.join()
+    assert order.index(("start", "huge")) > max(order.index(("end", "first")), order.index(("end", "small")))
+    assert sched.peak_running == 2 and sched.peak_mem_mb == 500
+
+
+def test_scheduler_cancel_pending():
+    sched = Scheduler(jobs=1, max_mem_mb=100)
+    gate = threading.Event()
+    first = sched.submit(lambda: gate.wait(5), 10)
+    queued = [sched.submit(lambda: 1, 10) for _ in range(3)]
+    sched.cancel_pending()
+    gate.set()
+    assert first.result(5) is True
+    assert all(f.cancelled() for f in queued)
+    sched.join()
+
+
+def test_scheduler_reports_exceptions():
+    sched = Scheduler(jobs=2, max_mem_mb=100)
+    fut = sched.submit(lambda: 1 / 0, 10)
+    with pytest.raises(ZeroDivisionError):
+        fut.result(5)
+    assert sched.submit(lambda: 7, 10).result(5) == 7
+    sched.join()
+
+
+PARALLEL = {
+    "targets/p.toml": "".join(
+        f'[{n}]\nkind = "genrule"\nouts = ["o"]\nmemory_mb = 100\ncmd = "sleep 0.4; echo {n} > o"\n\n'
+        for n in ("x", "y")),
+}
+
+
+@pytest.fixture
+def scheduler_spy(monkeypatch):
+    import build_graph.engine as engine
+    made: list[Scheduler] = []
+
+    class Spy(Scheduler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(engine, "Scheduler", Spy)
+    return made
+
+
+@requires_bwrap
+def test_memory_budget_serializes_actions(make_ws, scheduler_spy):
+    ws = make_ws(PARALLEL)
+    result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=100)
+    assert not result.failures
+    assert result.count("executed") == 2
+    [sched] = scheduler_spy
+    assert sched.peak_running == 1
+    assert sched.peak_mem_mb == 100
+
+
+@requires_bwrap
+def test_actions_run_in_parallel_within_budget(make_ws, scheduler_spy):
+    ws = make_ws(PARALLEL)
+    start = time.monotonic()
+    result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=200)
+    assert not result.failures
+    [sched] = scheduler_spy
+    assert sched.peak_running == 2
+    assert time.monotonic() - start < 0.8 + 1.5  # overlapping sleeps (generous for slow hosts)
+    # -j 1 serializes whatever the memory.
+    ws2 = make_ws(PARALLEL)
+    result = ws2.engine_build("//p:x", "//p:y", jobs=1, max_mem_mb=100000)
+    assert not result.failures and scheduler_spy[-1].peak_running == 1

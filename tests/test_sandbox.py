@@ -1,0 +1,247 @@
+"""The bubblewrap sandbox, through real genrule actions: what an action can and cannot see."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bgraph_testlib import TOOLCHAINS_TOML, WORKSPACE_TOML, WS, action, requires_bwrap, write_files
+from build_graph.errors import SandboxError
+
+# Each check prints NAME=yes|no (whether the command succeeded); values print NAME=<value>.
+PROBE = r"""
+check() { if sh -c "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }
+check read_undeclared        'cat /bgraph/src/secret.txt'
+check read_declared          'cat /bgraph/src/in.txt'
+check workspace_mounted      'test -e "$WS" || test -e "$WS/secret.txt"'
+check cache_mounted          'test -e "$CACHE"'
+check host_home              'ls "$HOST_HOME" || ls /root'
+check network                'python3 -c "import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=2)"'
+check network_dns            'python3 -c "import socket; socket.getaddrinfo(\"pypi.org\", 443)"'
+check tmp_writable           'echo hi > /tmp/f && test "$(cat /tmp/f)" = hi'
+check write_usr              'touch /usr/bgraph-probe'
+check write_src              'touch /bgraph/src/new'
+check src_readonly_mode      'test ! -w /bgraph/src/in.txt || ! echo x >> /bgraph/src/in.txt'
+echo "tmp_entries=$(ls -A /tmp | grep -v '^f$' | wc -l)"
+echo "src_listing=$(ls -A /bgraph/src | tr '\n' ' ')"
+echo "pid=$$"
+echo "processes=$(ls /proc | grep -c '^[0-9]')"
+echo "hostname=$(hostname)"
+echo "interfaces=$(python3 -c 'import socket; print(sorted(n for _, n in socket.if_nameindex()))')"
+echo "cwd=$(pwd)"
+env | sort | sed 's/^/env:/'
+"""
+
+
+def parse(report: str) -> tuple[dict[str, str], dict[str, str]]:
+    values, env = {}, {}
+    for line in report.splitlines():
+        if line.startswith("env:"):
+            k, _, v = line[4:].partition("=")
+            env[k] = v
+        elif "=" in line:
+            k, _, v = line.partition("=")
+            values[k] = v
+    return values, env
+
+
+@pytest.fixture(scope="module")
+def probe_report(tmp_path_factory):
+    """One sandboxed run of PROBE (through the CLI, with a variable set that must not leak)."""
+    root = tmp_path_factory.mktemp("probe") / "ws"
+    ws = WS(root, root.parent / "cache", env={"BGRAPH_TEST_LEAK": "leaked-value", "HOME": os.path.expanduser("~")})
+    write_files(root, {
+        "WORKSPACE.toml": WORKSPACE_TOML,
+        "targets/toolchains.toml": TOOLCHAINS_TOML,
+        "in.txt": "declared\n",
+        "secret.txt": "top secret\n",
+        "probe.sh": f'WS="{root}"\nCACHE="{ws.cache}"\nHOST_HOME="{os.path.expanduser("~")}"\n' + PROBE,
+        "targets/p.toml": '[probe]\nkind = "genrule"\nsrcs = ["in.txt", "probe.sh"]\nouts = ["report.txt", "pid.txt"]\n'
+                          'cmd = "echo $$ > $OUT/pid.txt; sh $SRC/probe.sh > $OUT/report.txt 2>&1"\n',
+    })
+    run = ws.build("//p:probe")
+    assert run.rc == 0, run.stderr
+    values, env = parse(ws.read_output("//p:probe", "report.txt"))
+    values["action_pid"] = ws.read_output("//p:probe", "pid.txt").strip()
+    return ws, (values, env)
+
+
+@requires_bwrap
+def test_declared_sources_only(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["read_declared"] == "yes"
+    assert v["read_undeclared"] == "no"
+    assert v["src_listing"].split() == ["in.txt", "probe.sh"]
+    assert v["workspace_mounted"] == "no"
+    assert v["cache_mounted"] == "no"
+
+
+@requires_bwrap
+def test_no_host_home(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["host_home"] == "no"
+
+
+@requires_bwrap
+def test_no_network(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["network"] == "no"
+    assert v["network_dns"] == "no"
+    assert v["interfaces"] == "['lo']"
+
+
+@requires_bwrap
+def test_own_pid_namespace(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["action_pid"] in ("1", "2")  # the action's shell, right below bwrap
+    assert v["pid"] in ("2", "3")  # the probe's shell, one level down
+    assert int(v["processes"]) < 10  # bwrap, the shells, ls: not the host's processes
+    assert v["hostname"] == "bgraph"
+
+
+@requires_bwrap
+def test_clean_environment(probe_report):
+    _ws, (_v, env) = probe_report
+    assert "BGRAPH_TEST_LEAK" not in env
+    assert env["HOME"] == "/tmp"
+    assert env["PATH"] == "/bgraph/toolchain/bin:/usr/bin:/bin"
+    assert env["SRC"] == "/bgraph/src" and env["OUT"] == "/bgraph/out"
+    assert env["TZ"] == "UTC" and env["LC_ALL"] == "C" and env["SOURCE_DATE_EPOCH"] == "315532800"
+    host_only = set(env) & (set(os.environ) - {"HOME", "PATH", "PWD", "TZ", "LC_ALL", "TMPDIR", "SHLVL", "OLDPWD"})
+    assert not host_only, f"host variables leaked into the sandbox: {sorted(host_only)}"
+    assert set(env) <= {"HOME", "LC_ALL", "OUT", "PATH", "PWD", "SOURCE_DATE_EPOCH", "SRC", "TMPDIR", "TZ",
+                        "SHLVL", "OLDPWD"}
+
+
+@requires_bwrap
+def test_tmp_empty_and_writable(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["tmp_entries"] == "0"
+    assert v["tmp_writable"] == "yes"
+
+
+@requires_bwrap
+def test_read_only_mounts(probe_report):
+    _ws, (v, _env) = probe_report
+    assert v["write_usr"] == "no"
+    assert v["write_src"] == "no"
+    assert v["src_readonly_mode"] == "yes"
+    assert v["cwd"] == "/bgraph/out"
+
+
+# -- failures ----------------------------------------------------------------------------------------
+@requires_bwrap
+def test_missing_declared_output_fails_showing_stderr(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["a.txt", "sub/b.txt"]\n'
+                                    'cmd = "echo a > a.txt; echo \'warning: forgot b\' >&2"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 1
+    assert not run.json["ok"] and run.json["failed"] == 1
+    assert "declared outputs missing: sub/b.txt" in run.stderr
+    assert "warning: forgot b" in run.stderr
+    assert any("declared outputs missing: sub/b.txt" in e and "warning: forgot b" in e for e in run.json["errors"])
+    assert action(run.json, "//p:a")["status"] == "failed"
+    assert ws.ac_entries() == set()
+
+
+@requires_bwrap
+def test_failing_command_shows_status_and_output(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["a.txt"]\n'
+                                    'cmd = "echo to-stdout; echo to-stderr >&2; exit 3"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 1
+    assert "exited with status 3" in run.stderr
+    assert "to-stdout" in run.stderr and "to-stderr" in run.stderr
+    assert "//p:a" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@requires_bwrap
+def test_failed_action_caches_nothing(make_ws):
+    ws = make_ws({"flag": "bad\n",
+                  "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["flag"]\nouts = ["a.txt"]\n'
+                                    'cmd = "grep -q ok $SRC/flag && echo built > a.txt"\n'})
+    for _ in range(2):  # the same failing action runs again: no failure is cached
+        run = ws.build("//p:a")
+        assert run.rc == 1
+        assert action(run.json, "//p:a")["status"] == "failed"
+        assert ws.ac_entries() == set()
+        assert not (ws.root / "bgraph-out").exists()
+    ws.write({"flag": "ok\n"})
+    run = ws.build("//p:a")
+    assert run.rc == 0, run.stderr
+    assert action(run.json, "//p:a")["status"] == "executed"
+    assert ws.read_output("//p:a", "a.txt") == "built\n"
+    assert len(ws.ac_entries()) == 1
+
+
+@requires_bwrap
+def test_output_through_symlink_cannot_take_host_files(make_ws, tmp_path):
+    """An action that swaps an output's directory for a symlink to a host directory must not
+    make bgraph read (or move into the store) the host's files."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "x").write_text("precious\n")
+    ws = make_ws({"targets/p.toml": f'[a]\nkind = "genrule"\nouts = ["sub/x"]\n'
+                                    f'cmd = "rmdir sub && ln -s {victim} sub"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 1
+    assert "lies below symlink sub" in run.stderr
+    assert (victim / "x").read_text() == "precious\n"
+    assert ws.ac_entries() == set()
+
+
+@requires_bwrap
+@pytest.mark.parametrize("out", ["{abs}/deep/x", "../escape", "a/../../escape"])
+def test_outputs_must_be_inside_the_output_dir(make_ws, tmp_path, out):
+    out = out.format(abs=tmp_path / "host-dir")
+    ws = make_ws({"targets/p.toml": f'[a]\nkind = "genrule"\nouts = ["{out}"]\ncmd = "true"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 1
+    assert f"declared output {out!r} is not a relative path inside the output directory" in run.stderr
+    assert not (tmp_path / "host-dir").exists()  # no host directory was created for it
+    assert not list(ws.cache.rglob("escape"))
+
+
+@requires_bwrap
+def test_symlink_outputs_are_kept_as_links(make_ws):
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["l", "d"]\n'
+                                    'cmd = "ln -s /etc/passwd l; mkdir d; ln -s / d/root"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 0, run.stderr
+    out = ws.root / "bgraph-out/p/a"
+    assert os.readlink(out / "l") == "/etc/passwd"
+    assert os.readlink(out / "d/root") == "/"
+
+
+# -- no bubblewrap -------------------------------------------------------------------------------------
+def test_missing_bwrap_is_a_clear_error(monkeypatch):
+    import build_graph.sandbox as sandbox
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, *a, **k: None)
+    with pytest.raises(SandboxError) as info:
+        sandbox.find_bwrap()
+    msg = str(info.value)
+    assert "bubblewrap (bwrap) is not installed" in msg
+    assert "apt-get install" in msg
+
+
+def test_missing_bwrap_fails_the_build(make_ws, monkeypatch):
+    import build_graph.sandbox as sandbox
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo > o"\n'})
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name, *a, **k: None)
+    result = ws.engine_build("//p:a")
+    assert result.failures
+    msg = result.failures[0].render()
+    assert "bwrap" in msg and "apt-get install" in msg
+    assert ws.ac_entries() == set()
+
+
+def test_missing_bwrap_via_cli(make_ws, tmp_path):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo > o"\n'})
+    run = ws.cli("build", "//p:a", env={"PATH": str(empty)})
+    assert run.rc == 1
+    assert "bubblewrap (bwrap) is not installed" in run.stderr and "apt-get install" in run.stderr
+    assert "Traceback" not in run.stderr
