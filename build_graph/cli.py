@@ -62,7 +62,7 @@ def cmd_build(args, console: Console) -> int:
 
 def _stdout() -> Console:
     """Where query, why and explain print their results (stderr is for progress and errors)."""
-    return Console(emoji=False)
+    return Console(emoji=False, soft_wrap=True)
 
 
 def _escape(text: str) -> str:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]
     # No emoji codes: "//p:a: ..." would print as "//p🅰 ...".
-    console = Console(stderr=True, emoji=False)
+    console = Console(stderr=True, emoji=False, soft_wrap=True)
     try:
         return args.fn(args, console)
     except BgraphError as e:

@@ -139,6 +139,8 @@ class Engine:
     def build(self, labels: list[Label]) -> BuildResult:
         start = time.monotonic()
         order = graph_deps(self.graph, labels)
+        for label in order:  # a missing source is a load error: report it before running anything
+            expand_sources(self.ws, self.ws.targets[label])
         self.reporter.start(len(order))
         outputs: dict[Label, TargetOutput] = {}
         records: list[ActionRecord] = []

@@ -297,8 +297,8 @@ patches = ["patches/p/*.patch"]
 @requires_bwrap
 def test_missing_source_file_is_a_clear_error(make_ws):
     ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["nope.txt", "*.md"]\nouts = ["o"]\ncmd = "true"\n'})
-    run = ws.build("//p:a")
-    assert run.rc == 1
+    run = ws.cli("build", "//p:a")
+    assert run.rc == 2  # a load error, reported before anything runs
     assert "targets/p.toml [a] key 'srcs': source file 'nope.txt' does not exist" in run.stderr
 
 

@@ -198,8 +198,8 @@ def test_outputs_must_be_inside_the_output_dir(make_ws, tmp_path, out):
     out = out.format(abs=tmp_path / "host-dir")
     ws = make_ws({"targets/p.toml": f'[a]\nkind = "genrule"\nouts = ["{out}"]\ncmd = "true"\n'})
     run = ws.build("//p:a")
-    assert run.rc == 1
-    assert f"declared output {out!r} is not a relative path inside the output directory" in run.stderr
+    assert run.rc == 2  # refused when the target loads, before any action exists
+    assert f"output {out!r} must be a relative path inside $OUT" in run.stderr
     assert not (tmp_path / "host-dir").exists()  # no host directory was created for it
     assert not list(ws.cache.rglob("escape"))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from build_graph.errors import LoadError
@@ -241,3 +243,17 @@ def test_repository_workspace_loads():
     assert Label("sources", "vllm") in w.targets
     for pin in w.model.pins.values():
         assert pin.for_platform("x86_64").sha256
+
+
+@pytest.mark.parametrize("outs, deps, message", [
+    ('["/etc/passwd"]', "{}", "must be a relative path inside $OUT"),
+    ('["../up"]', "{}", "must be a relative path inside $OUT"),
+    ('["o"]', '{ "../../usr" = "//p:x" }', "must be letters, digits and '_'"),
+    ('["o"]', '{ a_b = "//p:x", A_B = "//p:x" }', "both give $IN_A_B"),
+])
+def test_genrule_outs_and_dep_names_are_checked_at_load(make_ws, outs, deps, message):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="x") +
+                  f'\n[y]\nkind = "genrule"\ncmd = "true"\nouts = {outs}\ndeps = {deps}\n'})
+    with pytest.raises(LoadError, match=re.escape(message)) as err:
+        load(ws.root)
+    assert "targets/p.toml" in str(err.value) and "[y]" in str(err.value)

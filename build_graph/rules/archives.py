@@ -40,6 +40,9 @@ class HttpArchiveAttrs(Attrs):
 def plan_http_archive(ctx: RuleContext) -> PlanGen:
     """Download url + sha256; served from the CAS when the digest is already there."""
     if ctx.attrs.pin:
+        pin = ctx.pins(ctx.attrs.pin, ctx.where("pin"))
+        if pin.kind != "url":
+            raise ctx.fail(f"pin {ctx.attrs.pin!r} is a {pin.kind} pin; http_archive needs a url pin", "pin")
         action = ctx.fetch_action(ctx.attrs.pin, "pin")
     else:
         from build_graph.model import Action
