@@ -287,6 +287,7 @@ class Engine:
             raise
         finally:
             self.reporter.finish()
+            self.cas.save_stamps()
         scheduler.join()
         if not failures and remaining:
             failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, remaining))))

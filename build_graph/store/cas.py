@@ -72,6 +72,8 @@ class LocalCas:
         for d in (self.blobs, self.dirs, self.trees, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
+        self._stamps = self._load_stamps()
+        self._stamps_dirty = False
 
     # -- blobs -------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
@@ -130,23 +132,47 @@ class LocalCas:
         except FileNotFoundError:
             return False
 
+    def _load_stamps(self) -> dict[str, list[int]]:
+        try:
+            return json.loads((self.base / "verified.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def save_stamps(self) -> None:
+        """Persist which blobs were hashed and found good, keyed by their stat stamps."""
+        if not self._stamps_dirty:
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self._stamps, f)
+        os.replace(tmp, self.base / "verified.json")
+        self._stamps_dirty = False
+
     def verify(self, entry: FileEntry) -> bool:
         """True if the blob is present and hashes to its digest; a bad blob is removed.
-        The executable copy (`.x`), which materialized trees link to, is checked too."""
+        The executable copy (`.x`), which materialized trees link to, is checked too.
+        A blob hashed good before is trusted while its stat stamp (size, mtime, ctime, inode)
+        is unchanged: any write to it moves ctime, so corruption is still caught before use."""
         if entry.digest in self._verified:
             return True
         p = self.blob_path(entry.digest)
         x = Path(str(p) + ".x")
         try:
             for copy in (p, x) if x.exists() else (p,):
-                if copy.stat().st_size != entry.size:
+                st = copy.stat()
+                if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
+                stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                if self._stamps.get(copy.name) == stamp:
+                    continue
                 h = self.digester.new()
                 with open(copy, "rb") as f:
                     while chunk := f.read(CHUNK):
                         h.update(chunk)
                 if h.hexdigest() != entry.digest:
                     raise CorruptBlob("digest mismatch")
+                self._stamps[copy.name] = stamp
+                self._stamps_dirty = True
         except FileNotFoundError:
             return False
         except CorruptBlob as e:
@@ -163,6 +189,8 @@ class LocalCas:
             if p.exists():
                 p.unlink()
         self._verified.discard(digest)
+        for suffix in ("", ".x"):
+            self._stamps.pop(digest[2:] + suffix, None)
         for d in self.trees.iterdir():
             rmtree(d)
 
