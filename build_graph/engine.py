@@ -153,7 +153,8 @@ class Engine:
         inflight: dict[Future, tuple[Label, int]] = {}
         scheduler = Scheduler(self.options.jobs, self.options.max_mem_mb)
         stopping = False
-        sample: set[str] | None = None
+        # --check-sample N: re-execute N of the actions the last build recorded for these targets.
+        sample = self._sample_keys(order, self.options.check_sample) if self.options.check_sample else None
 
         def fail(label: Label, err: BgraphError) -> None:
             nonlocal stopping
@@ -231,12 +232,7 @@ class Engine:
                 except BgraphError as e:
                     fail(label, e)
 
-        nonlocal_sample = None
-        if self.options.check and self.options.check_sample:
-            nonlocal_sample = self.options.check_sample
         try:
-            if nonlocal_sample:
-                sample = self._sample_keys(order, nonlocal_sample)
             start_ready()
             while inflight:
                 done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)

@@ -188,6 +188,17 @@ def test_check_reports_nondeterministic_actions(make_ws):
     assert action(run.json, "//p:nondet")["differs"] is True
 
 
+@requires_bwrap
+def test_check_sample_reexecutes_only_n_actions(make_ws):
+    files = {"targets/p.toml": "".join(f'[t{i}]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo {i} > o"\n\n'
+                                       for i in range(4))}
+    ws = make_ws(files)
+    assert ws.build("//p:all").rc == 0
+    run = ws.build("//p:all", args=("--check-sample", "2"))
+    assert run.rc == 0, run.stderr
+    assert run.json["executed"] == 2 and run.json["hits"] == 2 and run.json["differing"] == []
+
+
 # -- failures ------------------------------------------------------------------------------------------------
 FAILING = {
     "targets/p.toml": '''[bad]
