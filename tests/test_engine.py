@@ -430,3 +430,33 @@ def test_actions_run_in_parallel_within_budget(make_ws, scheduler_spy):
     ws2 = make_ws(PARALLEL)
     result = ws2.engine_build("//p:x", "//p:y", jobs=1, max_mem_mb=100000)
     assert not result.failures and scheduler_spy[-1].peak_running == 1
+
+
+@requires_bwrap
+def test_ctrl_c_leaves_the_store_consistent(make_ws):
+    """SIGINT mid-build: exit 130, the running sandbox is killed, nothing partial is cached,
+    the staging area is empty, and the next build completes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from bgraph_testlib import hermetic_env
+
+    ws = make_ws({"targets/p.toml": '[fast]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo done > o"\n\n'
+                                    '[slow]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo part > o; sleep 30; echo x >> o"\n'})
+    assert ws.build("//p:fast").rc == 0
+    before = ws.ac_entries()
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
+                             "build", "//p:slow"], env=hermetic_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not list((ws.cache / "v1" / "tmp").glob("act-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert ws.ac_entries() == before
+    assert not list((ws.cache / "v1" / "tmp").glob("act-*"))
+    assert ws.build("//p:fast").json["executed"] == 0
