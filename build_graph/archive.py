@@ -15,7 +15,7 @@ import zipfile
 from typing import Iterator
 
 from build_graph.errors import ArchiveError
-from build_graph.model import Action, ActionResult, DirEntry, FileEntry, SymlinkEntry, Tree
+from build_graph.model import Action, ActionResult, DirEntry, SymlinkEntry, Tree
 from build_graph.store.cas import LocalCas
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -122,7 +121,7 @@ def cmd_explain(args, console: Console) -> int:
 def cmd_exec(args, console: Console) -> int:
     """Build LABEL, then run a command in the sandbox with its output at /bgraph/target."""
     from build_graph.engine import BuildOptions, Engine
-    from build_graph.model import Action, HostTool
+    from build_graph.model import Action
     from build_graph.rules.base import BASE_ENV
 
     ws = _workspace(args)

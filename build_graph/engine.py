@@ -137,157 +137,8 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------
     def build(self, labels: list[Label]) -> BuildResult:
-        start = time.monotonic()
-        order = graph_deps(self.graph, labels)
-        for label in order:  # a missing source is a load error: report it before running anything
-            expand_sources(self.ws, self.ws.targets[label])
-        self.reporter.start(len(order))
-        outputs: dict[Label, TargetOutput] = {}
-        records: list[ActionRecord] = []
-        failures: list[BgraphError] = []
-        failed_targets: set[Label] = set()
-        dirty: set[Label] = set()  # targets that executed an action in this build
-        remaining = list(order)
-        plans: dict[Label, TargetPlan] = {}
-        state: dict[Label, dict[str, Any]] = {}
-        inflight: dict[Future, tuple[Label, int]] = {}
-        scheduler = Scheduler(self.options.jobs, self.options.max_mem_mb)
-        stopping = False
-        # --check-sample N: re-execute N of the actions the last build recorded for these targets.
-        sample = self._sample_keys(order, self.options.check_sample) if self.options.check_sample else None
-
-        def fail(label: Label, err: BgraphError) -> None:
-            nonlocal stopping
-            failures.append(err)
-            failed_targets.add(label)
-            plans.pop(label, None)
-            if not self.options.keep_going:
-                stopping = True
-                scheduler.cancel_pending()
-
-        def finish_target(label: Label, plan: TargetPlan) -> None:
-            outputs[label] = plan.output  # type: ignore[assignment]
-            st = state.pop(label)
-            self.trace.save(str(label), {"actions": st["trace_actions"], "last_build": st["records"]})
-            plans.pop(label, None)
-            self.reporter.target_done(label)
-
-        def dispatch(label: Label) -> None:
-            """Check the current batch; submit misses; resume the plan when all are known."""
-            plan = plans[label]
-            st = state[label]
-            while plan.output is None:
-                st["outcomes"] = [None] * len(plan.batch)
-                st["waiting"] = 0
-                upstream_dirty = st["batch_dirty"] or any(
-                    parse_label(t, package=label.package) in dirty for _k, t in RULES[plan.target.kind].deps(plan.target.attrs))
-                for i, action in enumerate(plan.batch):
-                    prev = st["prev"].get(action.name)
-                    decision = self.rebuilder.check(action, prev)
-                    key = action.key(self.digester)
-                    st["trace_actions"][action.name] = {"key": key, "description": action.description(self.digester)}
-                    if isinstance(decision, Hit) and not self._check_this(key, sample):
-                        status = "cutoff" if upstream_dirty else "hit"
-                        rec = ActionRecord(str(label), action.name, action.mnemonic, key, status,
-                                           "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs")
-                        records.append(rec)
-                        st["records"].append(asdict(rec))
-                        self.reporter.action_done(rec)
-                        st["outcomes"][i] = Outcome(action, decision.tree, status)
-                        continue
-                    reason = decision.reason if isinstance(decision, Miss) else "--check: re-executing to compare outputs"
-                    st.setdefault("reasons", {})[i] = (reason, decision.tree if isinstance(decision, Hit) else None)
-                    self.reporter.action_started(label, action)
-                    fut = scheduler.submit(lambda a=action: self._run_and_record(a), action.memory_mb)
-                    inflight[fut] = (label, i)
-                    st["waiting"] += 1
-                if st["waiting"]:
-                    return
-                plan.resume(st["outcomes"])
-            finish_target(label, plan)
-
-        def start_ready() -> None:
-            for label in list(remaining):
-                if stopping:
-                    return
-                target = self.ws.targets[label]
-                needed = [parse_label(t, package=label.package) for _k, t in RULES[target.kind].deps(target.attrs)]
-                if any(d in failed_targets for d in needed):
-                    remaining.remove(label)
-                    failed_targets.add(label)
-                    continue
-                if not all(d in outputs for d in needed):
-                    continue
-                remaining.remove(label)
-                try:
-                    expanded = expand_sources(self.ws, target)
-                    sources = Tree({p: self.cas.put_file(self.ws.root / p)
-                                    for paths in expanded.values() for p in paths})
-                    prev = self.trace.load(str(label)).get("actions", {})
-                    state[label] = {"prev": prev, "trace_actions": {}, "records": [], "batch_dirty": False}
-                    plans[label] = plan_target(self.ws, target, self.options.platform, self.digester, outputs,
-                                               sources, expanded, self.cas.read_bytes, self.probe_host)
-                    plans[label].start()
-                    dispatch(label)
-                except BgraphError as e:
-                    fail(label, e)
-
-        try:
-            start_ready()
-            while inflight:
-                done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    label, i = inflight.pop(fut)
-                    if label not in plans:
-                        continue
-                    plan, st = plans[label], state[label]
-                    action = plan.batch[i]
-                    reason, cached_tree = st["reasons"].pop(i)
-                    key = action.key(self.digester)
-                    if fut.cancelled():
-                        continue
-                    err = fut.exception()
-                    if err is not None:
-                        if not isinstance(err, BgraphError):
-                            err = ActionFailed(f"{type(err).__name__}: {err}", where=action.name)
-                        err.where = f"{label} {action.name}" if not err.where else f"{label}: {err.where}"
-                        rec = ActionRecord(str(label), action.name, action.mnemonic, key, "failed", reason)
-                        records.append(rec)
-                        self.reporter.action_done(rec)
-                        fail(label, err)
-                        continue
-                    tree, result = fut.result()
-                    differs = cached_tree is not None and tree != cached_tree
-                    rec = ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
-                                       result.duration_s, differs)
-                    records.append(rec)
-                    st["records"].append(asdict(rec))
-                    self.reporter.action_done(rec)
-                    dirty.add(label)
-                    st["batch_dirty"] = True
-                    st["outcomes"][i] = Outcome(action, tree, "executed", reason)
-                    st["waiting"] -= 1
-                    if st["waiting"] == 0 and not stopping:
-                        try:
-                            plan.resume(st["outcomes"])
-                            dispatch(label)
-                        except BgraphError as e:
-                            fail(label, e)
-                if not stopping:
-                    start_ready()
-        except KeyboardInterrupt:
-            scheduler.cancel_pending()
-            if self._sandbox is not None:
-                self._sandbox.stop()
-            scheduler.join()
-            raise
-        finally:
-            self.reporter.finish()
-            self.cas.save_stamps()
-        scheduler.join()
-        if not failures and remaining:
-            failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, remaining))))
-        return BuildResult(records, outputs, failures, time.monotonic() - start, labels)
+        """Build `labels` and everything they need; failures are collected, not raised."""
+        return _BuildRun(self, labels).run()
 
     def _check_this(self, key: str, sample: set[str] | None) -> bool:
         """Under --check, whether this cached action is re-executed to compare outputs."""
@@ -315,3 +166,172 @@ class Engine:
             link.symlink_to(path)
             links[str(label)] = link
         return links
+
+
+@dataclass
+class _TargetState:
+    """One target's progress within one build."""
+
+    plan: TargetPlan
+    previous: dict[str, Any]  # action name -> what the last build recorded (to explain misses)
+    trace_actions: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    executed_any: bool = False  # an action of this target ran: later hits here are cut off
+    outcomes: list[Outcome | None] = field(default_factory=list)
+    running: dict[int, tuple[str, Tree | None]] = field(default_factory=dict)  # batch index -> (reason, cached)
+
+
+class _BuildRun:
+    """The mutable state of one build; the Engine keeps none between builds."""
+
+    def __init__(self, engine: Engine, labels: list[Label]):
+        self.e = engine
+        self.labels = labels
+        self.order = graph_deps(engine.graph, labels)
+        for label in self.order:  # a missing source is a load error: report it before running anything
+            expand_sources(engine.ws, engine.ws.targets[label])
+        self.outputs: dict[Label, TargetOutput] = {}
+        self.records: list[ActionRecord] = []
+        self.failures: list[BgraphError] = []
+        self.failed: set[Label] = set()
+        self.dirty: set[Label] = set()  # targets that executed an action in this build
+        self.remaining = list(self.order)
+        self.targets: dict[Label, _TargetState] = {}
+        self.inflight: dict[Future, tuple[Label, int]] = {}
+        self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb)
+        self.stopping = False
+        # --check-sample N: re-execute N of the actions the last build recorded for these targets.
+        n = engine.options.check_sample
+        self.sample = engine._sample_keys(self.order, n) if n else None
+
+    def run(self) -> BuildResult:
+        start = time.monotonic()
+        self.e.reporter.start(len(self.order))
+        try:
+            self._start_ready()
+            while self.inflight:
+                done, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    self._finished(fut)
+                if not self.stopping:
+                    self._start_ready()
+        except KeyboardInterrupt:
+            self.scheduler.cancel_pending()
+            if self.e._sandbox is not None:
+                self.e._sandbox.stop()
+            self.scheduler.join()
+            raise
+        finally:
+            self.e.reporter.finish()
+            self.e.cas.save_stamps()
+        self.scheduler.join()
+        if not self.failures and self.remaining:
+            self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, self.remaining))))
+        return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels)
+
+    def _deps_of(self, label: Label) -> list[Label]:
+        target = self.e.ws.targets[label]
+        return [parse_label(t, package=label.package) for _k, t in RULES[target.kind].deps(target.attrs)]
+
+    def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
+        self.records.append(rec)
+        if state is not None and rec.status != "failed":
+            state.records.append(asdict(rec))
+        self.e.reporter.action_done(rec)
+
+    def _fail(self, label: Label, err: BgraphError) -> None:
+        self.failures.append(err)
+        self.failed.add(label)
+        self.targets.pop(label, None)
+        if not self.e.options.keep_going:
+            self.stopping = True
+            self.scheduler.cancel_pending()
+
+    def _start_ready(self) -> None:
+        """Plan every target whose dependencies are built."""
+        e = self.e
+        for label in list(self.remaining):
+            if self.stopping:
+                return
+            needed = self._deps_of(label)
+            if any(d in self.failed for d in needed):
+                self.remaining.remove(label)
+                self.failed.add(label)
+                continue
+            if not all(d in self.outputs for d in needed):
+                continue
+            self.remaining.remove(label)
+            target = e.ws.targets[label]
+            try:
+                expanded = expand_sources(e.ws, target)
+                sources = Tree({p: e.cas.put_file(e.ws.root / p) for paths in expanded.values() for p in paths})
+                plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
+                                   e.cas.read_bytes, e.probe_host)
+                self.targets[label] = _TargetState(plan, e.trace.load(str(label)).get("actions", {}))
+                plan.start()
+                self._dispatch(label)
+            except BgraphError as err:
+                self._fail(label, err)
+
+    def _dispatch(self, label: Label) -> None:
+        """Check the current batch; submit misses; resume the plan while every outcome is known."""
+        e, state = self.e, self.targets[label]
+        plan = state.plan
+        while plan.output is None:
+            state.outcomes = [None] * len(plan.batch)
+            upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
+            for i, action in enumerate(plan.batch):
+                decision = e.rebuilder.check(action, state.previous.get(action.name))
+                key = action.key(e.digester)
+                state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
+                if isinstance(decision, Hit) and not e._check_this(key, self.sample):
+                    status = "cutoff" if upstream_dirty else "hit"
+                    why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
+                    self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
+                    state.outcomes[i] = Outcome(action, decision.tree, status)
+                    continue
+                if isinstance(decision, Miss):
+                    state.running[i] = (decision.reason, None)
+                else:
+                    state.running[i] = ("--check: re-executing to compare outputs", decision.tree)
+                e.reporter.action_started(label, action)
+                fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), action.memory_mb)
+                self.inflight[fut] = (label, i)
+            if state.running:
+                return
+            plan.resume(state.outcomes)
+        self.outputs[label] = plan.output
+        e.trace.save(str(label), {"actions": state.trace_actions, "last_build": state.records})
+        del self.targets[label]
+        e.reporter.target_done(label)
+
+    def _finished(self, fut: Future) -> None:
+        """Take one finished (or failed, or cancelled) action back into its target's plan."""
+        label, i = self.inflight.pop(fut)
+        state = self.targets.get(label)
+        if state is None or fut.cancelled():
+            return
+        action = state.plan.batch[i]
+        reason, cached_tree = state.running.pop(i)
+        key = action.key(self.e.digester)
+        err = fut.exception()
+        if err is not None:
+            if not isinstance(err, BgraphError):
+                err = ActionFailed(f"{type(err).__name__}: {err}", where=action.name)
+            err.where = f"{label} {action.name}" if not err.where else f"{label}: {err.where}"
+            self._record(None, ActionRecord(str(label), action.name, action.mnemonic, key, "failed", reason))
+            self._fail(label, err)
+            return
+        tree, result = fut.result()
+        differs = cached_tree is not None and tree != cached_tree
+        self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
+                                         result.duration_s, differs))
+        self.dirty.add(label)
+        state.executed_any = True
+        state.outcomes[i] = Outcome(action, tree, "executed", reason)
+        if not state.running and not self.stopping:
+            try:
+                state.plan.resume(state.outcomes)
+                self._dispatch(label)
+            except BgraphError as err:
+                self._fail(label, err)

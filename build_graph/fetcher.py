@@ -14,7 +14,7 @@ import shlex
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlparse
+from urllib.parse import unquote, urlparse
 
 import requests
 from pypi_simple import ACCEPT_ANY, ProjectPage

@@ -11,7 +11,6 @@ import hashlib
 import json
 import posixpath
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Iterable, Mapping, Protocol
 
 import blake3

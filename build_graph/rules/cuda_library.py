@@ -9,7 +9,6 @@ host compile are the cheap combining steps.
 
 from __future__ import annotations
 
-import posixpath
 import re
 
 from pydantic import Field
