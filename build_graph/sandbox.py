@@ -99,9 +99,15 @@ class BwrapRunner:
                 (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             stdout_path, stderr_path = work / "stdout", work / "stderr"
             start = time.monotonic()
-            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-                proc = subprocess.Popen(self.command(action, out_dir), stdout=so, stderr=se,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            # bwrap reads its options from stdin (left at EOF for the action) so the sandbox's
+            # /proc/1/cmdline shows no host paths (the cache directory) an action could copy.
+            bwrap, *options = self.command(action, out_dir)
+            split = options.index("--")
+            args_file = work / "bwrap.args"
+            args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
+            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
+                proc = subprocess.Popen([bwrap, "--args", "0", *options[split:]], stdout=so, stderr=se,
+                                        stdin=af, start_new_session=True)
                 with self._lock:
                     self._procs.add(proc)
                 try:

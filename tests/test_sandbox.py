@@ -245,3 +245,15 @@ def test_missing_bwrap_via_cli(make_ws, tmp_path):
     assert run.rc == 1
     assert "bubblewrap (bwrap) is not installed" in run.stderr and "apt-get install" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@requires_bwrap
+def test_sandbox_command_line_shows_no_host_paths(make_ws):
+    """bwrap takes its mounts from a descriptor: /proc/1/cmdline cannot leak the cache or workspace path."""
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\n'
+                                    'cmd = "cat /proc/1/cmdline /proc/2/cmdline > o 2>/dev/null || true"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 0, run.stderr
+    seen = ws.read_output("//p:a", "o")
+    assert "--args" in seen
+    assert str(ws.cache) not in seen and str(ws.root) not in seen
