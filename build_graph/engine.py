@@ -177,8 +177,7 @@ class _TargetState:
     trace_actions: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
-    outcomes: list[Outcome | None] = field(default_factory=list)
-    running: dict[int, tuple[str, Tree | None]] = field(default_factory=dict)  # batch index -> (reason, cached)
+    running: int = 0  # actions submitted and not yet finished
 
 
 class _BuildRun:
@@ -197,7 +196,8 @@ class _BuildRun:
         self.dirty: set[Label] = set()  # targets that executed an action in this build
         self.remaining = list(self.order)
         self.targets: dict[Label, _TargetState] = {}
-        self.inflight: dict[Future, tuple[Label, int]] = {}
+        # future -> (label, plan slot, action, miss reason, cached tree under --check)
+        self.inflight: dict[Future, tuple[Label, Any, Action, str, Tree | None]] = {}
         self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb)
         self.stopping = False
         # --check-sample N: re-execute N of the actions the last build recorded for these targets.
@@ -268,51 +268,47 @@ class _BuildRun:
                 plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, e.trace.load(str(label)).get("actions", {}))
-                plan.start()
-                self._dispatch(label)
+                self._dispatch(label, plan.start())
             except BgraphError as err:
                 self._fail(label, err)
 
-    def _dispatch(self, label: Label) -> None:
-        """Check the current batch; submit misses; resume the plan while every outcome is known."""
+    def _dispatch(self, label: Label, ready: list) -> None:
+        """Check each ready action: a hit completes its slot at once (possibly readying more),
+        a miss goes to the scheduler. The target is done when its plan returns."""
         e, state = self.e, self.targets[label]
-        plan = state.plan
-        while plan.output is None:
-            state.outcomes = [None] * len(plan.batch)
-            upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
-            for i, action in enumerate(plan.batch):
-                decision = e.rebuilder.check(action, state.previous.get(action.name))
-                key = action.key(e.digester)
-                state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
-                if isinstance(decision, Hit) and not e._check_this(key, self.sample):
-                    status = "cutoff" if upstream_dirty else "hit"
-                    why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
-                    self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
-                    state.outcomes[i] = Outcome(action, decision.tree, status)
-                    continue
-                if isinstance(decision, Miss):
-                    state.running[i] = (decision.reason, None)
-                else:
-                    state.running[i] = ("--check: re-executing to compare outputs", decision.tree)
-                e.reporter.action_started(label, action)
-                fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), action.memory_mb)
-                self.inflight[fut] = (label, i)
-            if state.running:
-                return
-            plan.resume(state.outcomes)
-        self.outputs[label] = plan.output
-        e.trace.save(str(label), {"actions": state.trace_actions, "last_build": state.records})
-        del self.targets[label]
-        e.reporter.target_done(label)
+        while ready:
+            slot, action = ready.pop(0)
+            decision = e.rebuilder.check(action, state.previous.get(action.name))
+            key = action.key(e.digester)
+            state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
+            if isinstance(decision, Hit) and not e._check_this(key, self.sample):
+                upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
+                status = "cutoff" if upstream_dirty else "hit"
+                why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
+                self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
+                ready += state.plan.complete(slot, Outcome(action, decision.tree, status))
+                continue
+            if isinstance(decision, Miss):
+                reason, cached = decision.reason, None
+            else:
+                reason, cached = "--check: re-executing to compare outputs", decision.tree
+            e.reporter.action_started(label, action)
+            fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), action.memory_mb)
+            self.inflight[fut] = (label, slot, action, reason, cached)
+            state.running += 1
+        if state.plan.output is not None and not state.running:
+            self.outputs[label] = state.plan.output
+            e.trace.save(str(label), {"actions": state.trace_actions, "last_build": state.records})
+            del self.targets[label]
+            e.reporter.target_done(label)
 
     def _finished(self, fut: Future) -> None:
         """Take one finished (or failed, or cancelled) action back into its target's plan."""
-        label, i = self.inflight.pop(fut)
+        label, slot, action, reason, cached_tree = self.inflight.pop(fut)
         state = self.targets.get(label)
         if state is None or fut.cancelled():
             return
-        action = state.plan.batch[i]
-        reason, cached_tree = state.running.pop(i)
+        state.running -= 1
         key = action.key(self.e.digester)
         err = fut.exception()
         if err is not None:
@@ -328,10 +324,9 @@ class _BuildRun:
                                          result.duration_s, differs))
         self.dirty.add(label)
         state.executed_any = True
-        state.outcomes[i] = Outcome(action, tree, "executed", reason)
-        if not state.running and not self.stopping:
-            try:
-                state.plan.resume(state.outcomes)
-                self._dispatch(label)
-            except BgraphError as err:
-                self._fail(label, err)
+        if self.stopping:
+            return
+        try:
+            self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "executed", reason)))
+        except BgraphError as err:
+            self._fail(label, err)

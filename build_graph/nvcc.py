@@ -17,12 +17,18 @@ _TMP = re.compile(r"(?:/tmp/)?tmpxft_[0-9a-f]+_[0-9a-f]+-\d+_")
 _ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
 ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
-_PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c|cpp))$")
+_PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c))$")
+_HOST_FILE = re.compile(r"^(?P<stem>.+?)(?:\.compute_\w+)?\.cudafe1\.cpp$")
 
 
 def _canonical(name: str, single_arch: str | None) -> str:
     """With one arch nvcc drops the `compute_XX.` infix; put it back so adding a second arch
     leaves the first arch's steps (and keys) unchanged."""
+    host = _HOST_FILE.match(name)
+    if host:
+        # nvcc names the host file after the last arch; a fixed name keeps cudafe++'s key
+        # (and its output) the same when an arch is added.
+        return f"{host.group('stem')}.cudafe1.cpp"
     m = _PER_ARCH.match(name)
     if single_arch and m and ".compute_" not in name:
         return f"{m.group('stem')}.compute_{single_arch}.{m.group('ext')}"
@@ -43,6 +49,7 @@ class Step:
     inputs: list[str] = field(default_factory=list)   # intermediate names read from /bgraph/in
     outputs: list[str] = field(default_factory=list)  # intermediate names written to /bgraph/out
     reads_source: bool = False
+    aliases: dict[str, str] = field(default_factory=dict)  # extra input name -> produced name it copies
 
 
 def _classify(argv: list[str]) -> tuple[str, str | None]:
@@ -120,6 +127,12 @@ def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step
         argv[0] = argv[0].replace("$CICC_PATH", env.get("CICC_PATH", ""))
         argv = [_rename(a, lambda n: _canonical(n, single)) for a in argv]
         kind, arch = _classify(argv)
+        if kind == "cudafe":
+            # The host file #includes the last arch's stub by this name; give it a fixed one
+            # and let the host compile see that stub under it (an alias).
+            i = argv.index("--stub_file_name") + 1
+            host_stub, stem = argv[i], argv[i].split(".compute_")[0].removesuffix(".cudafe1.stub.c")
+            argv[i] = f"{stem}.cudafe1.stub.c"
         writes = _declared_outputs(kind, argv)
         step = Step(kind, arch, [], reads_source=kind in ("hostpp", "devpp"))
         for a in argv:
@@ -139,10 +152,10 @@ def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step
                 a = a[:start] + prefix + name + a[end:]
             step.argv.append(a)
         if kind == "hostcc":
-            # The host file #includes the stubs, which #include the fatbin: same directory.
-            for name in sorted(produced):
-                if name.endswith((".stub.c", ".fatbin.c")) and name not in step.inputs:
-                    step.inputs.append(name)
+            # The host file #includes the stub, which #includes the fatbin: same directory.
+            step.inputs += [n for n in sorted(produced) if n.endswith(".fatbin.c") and n not in step.inputs]
+            step.inputs.append(host_stub)
+            step.aliases = {f"{stem}.cudafe1.stub.c": host_stub}
             step.outputs = [object_name]
             step.argv = [("/bgraph/out/" + a if a == object_name else a) for a in step.argv]
         produced.update(step.outputs)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from build_graph.errors import LoadError, PlanError, where
 from build_graph.labels import Label, parse_label
 from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
-from build_graph.rules.base import RuleContext
+from build_graph.rules.base import Parallel, RuleContext
 from build_graph.rules.registry import RULES
 from build_graph.workspace import Target, Workspace
 
@@ -37,32 +37,75 @@ def expand_sources(ws: Workspace, target: Target) -> dict[str, list[str]]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)
+class _Frame:
+    """One running generator: the rule's plan, or a sub-plan started with Parallel."""
+
+    gen: Any
+    parent: "_Frame | None"
+    index: int  # position in the parent's results
+    results: list[Any] = field(default_factory=list)
+    waiting: int = 0
+
+
+Slot = tuple[_Frame, int]
+
+
 class TargetPlan:
-    """One target's plan in progress."""
+    """One target's plan in progress: a tree of generator frames.
 
-    target: Target
-    gen: object
-    batch: list[Action] = field(default_factory=list)
-    output: TargetOutput | None = None
+    A frame yields a list of actions (resumed with their Outcomes once all are known) or a
+    Parallel of sub-plans (resumed with their return values). Sibling sub-plans advance
+    independently, so one translation unit's chain never waits at another's barrier.
+    """
 
-    def start(self) -> None:
-        self._advance(None)
+    def __init__(self, target: Target, gen: Any):
+        self.target = target
+        self.root = _Frame(gen, None, 0)
+        self.output: TargetOutput | None = None
 
-    def resume(self, outcomes: list[Outcome]) -> None:
-        self._advance(outcomes)
+    def start(self) -> list[tuple[Slot, Action]]:
+        """Run the plan to its first actions; returns them with the slots to complete."""
+        return self._send(self.root, None)
 
-    def _advance(self, value) -> None:
-        try:
-            batch = self.gen.send(value)  # type: ignore[attr-defined]
-        except StopIteration as stop:
-            if not isinstance(stop.value, TargetOutput):
-                raise PlanError("rule returned no TargetOutput", where=str(self.target.label)) from None
-            self.output, self.batch = stop.value, []
-            return
-        if not batch:
-            raise PlanError("rule yielded an empty batch", where=str(self.target.label))
-        self.batch = list(batch)
+    def complete(self, slot: Slot, outcome: Outcome) -> list[tuple[Slot, Action]]:
+        """Record one action's outcome; returns the actions this made ready."""
+        frame, i = slot
+        frame.results[i] = outcome
+        frame.waiting -= 1
+        return self._send(frame, frame.results) if frame.waiting == 0 else []
+
+    def _send(self, frame: _Frame, value: Any) -> list[tuple[Slot, Action]]:
+        ready: list[tuple[Slot, Action]] = []
+        while True:
+            try:
+                step = frame.gen.send(value)
+            except StopIteration as stop:
+                if frame.parent is None:
+                    if not isinstance(stop.value, TargetOutput):
+                        raise PlanError("rule returned no TargetOutput", where=str(self.target.label)) from None
+                    self.output = stop.value
+                    return ready
+                parent = frame.parent
+                parent.results[frame.index] = stop.value
+                parent.waiting -= 1
+                if parent.waiting:
+                    return ready
+                frame, value = parent, parent.results
+                continue
+            if isinstance(step, Parallel):
+                frame.results, frame.waiting = [None] * len(step.plans), len(step.plans)
+                if not step.plans:
+                    value = []
+                    continue
+                for i, sub in enumerate(step.plans):
+                    ready += self._send(_Frame(sub, frame, i), None)
+                return ready
+            batch = list(step)
+            if not batch:
+                raise PlanError("rule yielded an empty batch", where=str(self.target.label))
+            frame.results, frame.waiting = [None] * len(batch), len(batch)
+            return ready + [((frame, i), a) for i, a in enumerate(batch)]
 
 
 def plan_target(ws: Workspace, target: Target, platform: str, digester: Digester,

@@ -99,15 +99,16 @@ class BwrapRunner:
                 (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             stdout_path, stderr_path = work / "stdout", work / "stderr"
             start = time.monotonic()
-            # bwrap reads its options from stdin (left at EOF for the action) so the sandbox's
-            # /proc/1/cmdline shows no host paths (the cache directory) an action could copy.
+            # bwrap reads its options from a descriptor (it closes it after reading), so the
+            # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
             bwrap, *options = self.command(action, out_dir)
             split = options.index("--")
             args_file = work / "bwrap.args"
             args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
             with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
-                proc = subprocess.Popen([bwrap, "--args", "0", *options[split:]], stdout=so, stderr=se,
-                                        stdin=af, start_new_session=True)
+                proc = subprocess.Popen([bwrap, "--args", str(af.fileno()), *options[split:]], stdout=so,
+                                        stderr=se, stdin=subprocess.DEVNULL, pass_fds=(af.fileno(),),
+                                        start_new_session=True)
                 with self._lock:
                     self._procs.add(proc)
                 try:

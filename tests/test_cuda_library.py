@@ -142,6 +142,7 @@ def test_adding_an_arch_compiles_only_the_new_arch(tmp_path):
     s = build(root, cache)
     assert ran(s, "cicc", "ptxas") == ["cicc k/a.cu 121a", "cicc k/b.cu 121a",
                                        "ptxas k/a.cu 121a", "ptxas k/b.cu 121a"]
+    assert ran(s, "cudafe") == []  # the host front end does not depend on the arch list
 
 
 def test_reproducible_across_directories_and_caches_with_debug_info(tmp_path):

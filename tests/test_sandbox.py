@@ -257,3 +257,12 @@ def test_sandbox_command_line_shows_no_host_paths(make_ws):
     seen = ws.read_output("//p:a", "o")
     assert "--args" in seen
     assert str(ws.cache) not in seen and str(ws.root) not in seen
+
+
+@requires_bwrap
+def test_stdin_is_open_and_empty(make_ws):
+    """Tools that probe stdin (nvcc's host-compiler check does) need a valid, empty fd 0."""
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "cat > o; echo rc=$? >> o"\n'})
+    run = ws.build("//p:a")
+    assert run.rc == 0, run.stderr
+    assert ws.read_output("//p:a", "o") == "rc=0\n"

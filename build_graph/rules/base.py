@@ -14,9 +14,20 @@ from pydantic import BaseModel, ConfigDict
 
 from build_graph.errors import PlanError, where
 from build_graph.labels import Label, parse_label
-from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
+from build_graph.model import Action, Digester, FileEntry, HostTool, TargetOutput, Tree
 
-PlanGen = Generator[list[Action], list[Outcome], TargetOutput]
+PlanGen = Generator[Any, Any, TargetOutput]
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Yielded by a plan: run these sub-plans (generators) side by side; resume with their
+    return values, in order. Each sub-plan yields actions or Parallels of its own."""
+
+    plans: tuple[Any, ...]
+
+    def __init__(self, plans: Iterable[Any]):
+        object.__setattr__(self, "plans", tuple(plans))
 
 # Every sandboxed action starts from this environment; rules add to it. It is part of the key.
 BASE_ENV = {

@@ -15,7 +15,8 @@ from pydantic import Field
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
-from build_graph.rules.base import SRC, TOOLCHAIN, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.model import FileEntry
+from build_graph.rules.base import SRC, TOOLCHAIN, Attrs, Parallel, PlanGen, RuleContext, labels_in
 from build_graph.rules.cuda_toolchain import gencode_flags
 
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
@@ -63,47 +64,11 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     flags = [*gencode_flags(archs), *(["-Xcompiler=-fPIC"] if a.pic else []), *a.copts, *(f"-D{d}" for d in a.defines),
              *(f"-I{SRC}/{i}" for i in a.includes), f"-I{SRC}"]
 
-    # 1. nvcc --dryrun per TU: depends on flags and toolchain only.
-    dry = yield [ctx.exec_action(
-        f"dryrun {src}", "CudaDryrun",
-        ["/bin/sh", "-c", 'exec "$@" 2> dryrun.txt', "nvcc", f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *flags,
-         "-c", f"{SRC}/{src}", "-o", object_name(src)],
-        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128) for src in srcs]
-    plans = {}
-    for src, outcome in zip(srcs, dry):
-        try:
-            plans[src] = parse_dryrun(ctx.read(outcome.tree.entries["dryrun.txt"]).decode(), object_name(src))
-        except DryrunError as e:
-            raise ctx.fail(f"{src}: {e}", "srcs") from None
+    # Each TU is its own sub-plan (dryrun, then its steps), so TUs never wait at each other's barriers.
+    objects_list = yield Parallel(_compile_tu(ctx, src, flags, visible, ext, toolchain) for src in srcs)
+    objects = {object_name(src): obj for src, obj in zip(srcs, objects_list)}
 
-    # 2. Run each TU's steps in dependency waves; every wave of every TU goes out together.
-    produced: dict[str, dict[str, Tree]] = {src: {} for src in srcs}
-    pending = {src: list(steps) for src, (_env, steps) in plans.items()}
-    while any(pending.values()):
-        wave, owners = [], []
-        for src, steps in pending.items():
-            ready = [s for s in steps if all(i in produced[src] for i in s.inputs)]
-            for s in ready:
-                steps.remove(s)
-                env = dict(plans[src][0])
-                inputs = {"/bgraph/in": Tree({i: produced[src][i].entries[i] for i in s.inputs})}
-                if s.reads_source:
-                    inputs[SRC] = visible
-                    inputs.update(ext)
-                label = f"{s.kind} {src}" + (f" {s.arch}" if s.arch else "")
-                wave.append(ctx.exec_action(label, STEP_MNEMONIC[s.kind], s.argv, inputs=inputs, outputs=s.outputs,
-                                            env=env, toolchain=toolchain,
-                                            memory_mb=a.memory_mb if s.kind in ("cicc", "ptxas", "hostcc") else 256))
-                owners.append(src)
-        if not wave:
-            raise ctx.fail("nvcc steps form a cycle; cannot schedule", "srcs")
-        outcomes = yield wave
-        for src, outcome in zip(owners, outcomes):
-            for name in outcome.action.outputs:
-                produced[src][name] = outcome.tree
-
-    # 3. Archive the objects (deterministic: ar D).
-    objects = {object_name(src): produced[src][object_name(src)].entries[object_name(src)] for src in srcs}
+    # Archive the objects (deterministic: ar D).
     lib = f"lib{ctx.label.name}.a"
     [archived] = yield [ctx.exec_action(
         "archive", "CudaArchive", ["/usr/bin/ar", "rcsD", lib, *(f"/bgraph/in/{o}" for o in sorted(objects))],
@@ -111,3 +76,41 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     header_tree = ctx.sources.select(hdrs).prefixed("src")
     return TargetOutput(archived.tree.merged(Tree(objects).prefixed("obj"), header_tree),
                         {"archive": lib, "archs": archs, "objects": sorted(objects)})
+
+
+def _compile_tu(ctx: RuleContext, src: str, flags: list[str], visible: Tree, ext: dict[str, Tree],
+                toolchain: TargetOutput):
+    """One TU: `nvcc --dryrun` (keyed on flags and toolchain only, not the source), then its
+    steps, each launched once the files it reads exist. Returns the object file."""
+    [dry] = yield [ctx.exec_action(
+        f"dryrun {src}", "CudaDryrun",
+        ["/bin/sh", "-c", '"$@" 2> dryrun.txt || { cat dryrun.txt >&2; exit 1; }', "nvcc",
+         f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *flags, "-c", f"{SRC}/{src}", "-o", object_name(src)],
+        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128)]
+    try:
+        env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name(src))
+    except DryrunError as e:
+        raise ctx.fail(f"{src}: {e}", "srcs") from None
+    produced: dict[str, FileEntry] = {}
+    pending = list(steps)
+    while pending:
+        ready = [s for s in pending if all(i in produced for i in s.inputs)]
+        if not ready:
+            raise ctx.fail(f"{src}: nvcc steps form a cycle; cannot schedule", "srcs")
+        batch = []
+        for s in ready:
+            pending.remove(s)
+            files = {i: produced[i] for i in s.inputs}
+            files.update({alias: produced[orig] for alias, orig in s.aliases.items()})
+            inputs = {"/bgraph/in": Tree(files)}
+            if s.reads_source:
+                inputs[SRC] = visible
+                inputs.update(ext)
+            heavy = s.kind in ("cicc", "ptxas", "hostcc")
+            batch.append(ctx.exec_action(
+                f"{s.kind} {src}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], s.argv, inputs=inputs,
+                outputs=s.outputs, env=env, toolchain=toolchain, memory_mb=ctx.attrs.memory_mb if heavy else 256))
+        for outcome in (yield batch):
+            for name in outcome.action.outputs:
+                produced[name] = outcome.tree.entries[name]
+    return produced[steps[-1].outputs[0]]
