@@ -137,7 +137,14 @@ class Tree:
                      for p, e in self.entries.items()})
 
     def directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
-        """Merkle directory nodes: dir path ('' = root) -> (digest, canonical encoding)."""
+        """Merkle directory nodes: dir path ('' = root) -> (digest, canonical encoding).
+        Computed once per tree and digest function (trees are immutable)."""
+        cache = self.__dict__.setdefault("_nodes", {})
+        if digester.name not in cache:
+            cache[digester.name] = self._directory_nodes(digester)
+        return cache[digester.name]
+
+    def _directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         children: dict[str, dict[str, Any]] = {"": {}}
         for path, entry in self.entries.items():
             parts = path.split("/")
@@ -168,10 +175,7 @@ class Tree:
         return nodes
 
     def digest(self, digester: Digester) -> str:
-        cache = self.__dict__.setdefault("_digests", {})
-        if digester.name not in cache:
-            cache[digester.name] = self.directory_nodes(digester)[""][0]
-        return cache[digester.name]
+        return self.directory_nodes(digester)[""][0]
 
 
 EMPTY_TREE = Tree()

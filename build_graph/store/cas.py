@@ -73,6 +73,7 @@ class LocalCas:
             d.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
         self._stamps = self._load_stamps()
+        self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
         self._stamps_dirty = False
 
     # -- blobs -------------------------------------------------------------------------
@@ -206,6 +207,9 @@ class LocalCas:
     # -- trees -------------------------------------------------------------------------
     def put_tree(self, tree: Tree) -> str:
         """Store the tree's Merkle directory nodes; return the root digest."""
+        root = tree.digest(self.digester)
+        if root in self._stored_trees:
+            return root
         nodes = tree.directory_nodes(self.digester)
         for digest, encoded in nodes.values():
             dest = _shard(self.dirs, digest)
@@ -215,7 +219,8 @@ class LocalCas:
                 with os.fdopen(fd, "wb") as f:
                     f.write(encoded)
                 os.replace(tmp, dest)
-        return nodes[""][0]
+        self._stored_trees.add(root)
+        return root
 
     def get_tree(self, digest: str) -> Tree:
         entries: dict[str, object] = {}
