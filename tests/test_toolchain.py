@@ -1,0 +1,47 @@
+"""This workspace's content: the CUDA 13.0 toolchain from pinned wheels, and the patched vLLM tree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def bgraph(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(cache), *args],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_toolchain_builds_once_and_nvcc_runs_in_the_sandbox(cache):
+    first = json.loads(bgraph(cache, "build", "--json", "//toolchains:cuda-13.0").stdout)
+    assert first["ok"] and first["executed"] == 11  # 5 fetches, 5 extracts, nvcc --version
+    second = json.loads(bgraph(cache, "build", "--json", "//toolchains:cuda-13.0").stdout)
+    assert second["executed"] == 0 and second["hits"] == 11
+    version = bgraph(cache, "exec", "//toolchains:cuda-13.0", "--", "bin/nvcc", "--version")
+    assert version.returncode == 0, version.stderr
+    assert "release 13.0, V13.0.88" in version.stdout
+    out = Path(second["outputs"]["//toolchains:cuda-13.0"])
+    assert "V13.0.88" in (out / "bgraph" / "version.txt").read_text()
+
+
+def test_patched_vllm_supports_sm121_with_cuda13(cache):
+    run = bgraph(cache, "build", "--json", "//sources:vllm-patched")
+    summary = json.loads(run.stdout)
+    assert summary["ok"], summary["errors"]
+    cmake = (Path(summary["outputs"]["//sources:vllm-patched"]) / "CMakeLists.txt").read_text()
+    assert cmake.count('"7.5;8.0;8.6;8.7;8.9;9.0;10.0;10.7;11.0;12.0;12.1"') == 1  # CUDA >= 13.4
+    assert cmake.count('"7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0;12.1"') == 1       # CUDA >= 13.0
+    explain = bgraph(cache, "explain", "//sources:vllm-patched")
+    assert "apply patches" in explain.stdout
