@@ -49,7 +49,15 @@ class Step:
     inputs: list[str] = field(default_factory=list)   # intermediate names read from /bgraph/in
     outputs: list[str] = field(default_factory=list)  # intermediate names written to /bgraph/out
     reads_source: bool = False
-    aliases: dict[str, str] = field(default_factory=dict)  # extra input name -> produced name it copies
+    aliases: dict[str, str] = field(default_factory=dict)  # input name -> produced file it shows (also needed)
+    paths: dict[str, str] = field(default_factory=dict)  # output name -> file under /bgraph/out, where they differ
+
+    def output_path(self, name: str) -> str:
+        return self.paths.get(name, name)
+
+    def needs(self) -> list[str]:
+        """Every produced file this step waits for."""
+        return self.inputs + list(self.aliases.values())
 
 
 def _classify(argv: list[str]) -> tuple[str, str | None]:
@@ -105,8 +113,41 @@ def _rename(arg: str, fn) -> str:
     return arg
 
 
-def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step]]:
-    """(environment for the steps, steps in order) from nvcc --dryrun output."""
+# The host object would #include the fatbinary (via the stub), so every device change would
+# recompile it. Instead the host compile sees a stand-in that declares the fatbin wrapper as an
+# extern symbol, the real fatbin.c is compiled on its own defining that symbol, and `ld -r` joins
+# the two objects into the TU's object.
+_HOSTCC_SCRIPT = r"""set -e
+name=$1; sym=$2; shift 2
+mkdir -p /tmp/bgraph-fatbin
+cat > "/tmp/bgraph-fatbin/$name" <<EOF
+#ifndef __SKIP_INTERNAL_FATBINARY_HEADERS
+#include "fatbinary_section.h"
+#endif
+#define __CUDAFATBINSECTION  ".nvFatBinSegment"
+#define __CUDAFATBINDATASECTION  ".nv_fatbin"
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern const __fatBinC_Wrapper_t $sym;
+#ifdef __cplusplus
+}
+#endif
+#define __fatDeviceText $sym
+EOF
+exec "$@" -iquote /tmp/bgraph-fatbin
+"""
+_FATBIN_OBJ_SCRIPT = r"""set -e
+sed "s/^static const __fatBinC_Wrapper_t __fatDeviceText /__attribute__((visibility(\"hidden\"))) const __fatBinC_Wrapper_t $3 /" "$1" > /tmp/fatbin.c
+grep -q "const __fatBinC_Wrapper_t $3 " /tmp/fatbin.c || { echo "bgraph: unexpected fatbin.c layout in $1" >&2; exit 1; }
+exec /usr/bin/gcc -c -x c -fPIC -I/bgraph/toolchain/include /tmp/fatbin.c -o "$2"
+"""
+
+
+def parse_dryrun(text: str, object_name: str,
+                 fatbin_symbol: str = "__bgraph_fatbin") -> tuple[dict[str, str], list[Step]]:
+    """(environment for the steps, steps in order) from nvcc --dryrun output. `fatbin_symbol`
+    names the fatbinary wrapper; it must be unique among objects linked together."""
     env: dict[str, str] = {}
     steps: list[Step] = []
     produced: set[str] = set()
@@ -143,6 +184,12 @@ def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step
                     prefix = "/bgraph/out/"
                     if name not in step.outputs:
                         step.outputs.append(name)
+                    if kind == "cicc" and name.endswith(".cudafe1.stub.c"):
+                        # Every arch writes its stub under one name: the stub then embeds the same
+                        # path for each arch, so the host compile keeps its key when archs change.
+                        step.paths[name] = name.split(".compute_")[0].removesuffix(".cudafe1.stub.c") + ".cudafe1.stub.c"
+                        a = a[:start] + prefix + step.paths[name] + a[end:]
+                        continue
                 elif name in produced:
                     prefix = "/bgraph/in/"
                     if name not in step.inputs:
@@ -152,14 +199,23 @@ def parse_dryrun(text: str, object_name: str) -> tuple[dict[str, str], list[Step
                 a = a[:start] + prefix + name + a[end:]
             step.argv.append(a)
         if kind == "hostcc":
-            # The host file #includes the stub, which #includes the fatbin: same directory.
-            step.inputs += [n for n in sorted(produced) if n.endswith(".fatbin.c") and n not in step.inputs]
-            step.inputs.append(host_stub)
+            fatbin = next((n for n in sorted(produced) if n.endswith(".fatbin.c")), None)
+            if fatbin is None:
+                raise DryrunError("no fatbinary step before the host compile")
+            host_obj = object_name.removesuffix(".o") + ".host.o"
             step.aliases = {f"{stem}.cudafe1.stub.c": host_stub}
-            step.outputs = [object_name]
-            step.argv = [("/bgraph/out/" + a if a == object_name else a) for a in step.argv]
+            step.outputs = [host_obj]
+            step.argv = ["/bin/sh", "-c", _HOSTCC_SCRIPT, "hostcc", fatbin, fatbin_symbol,
+                         *(("/bgraph/out/" + host_obj) if a == object_name else a for a in step.argv)]
+            steps.append(step)
+            fatbin_obj = object_name.removesuffix(".o") + ".fatbin.o"
+            steps.append(Step("fatbinobj", None, ["/bin/sh", "-c", _FATBIN_OBJ_SCRIPT, "fatbinobj",
+                                                  f"/bgraph/in/{fatbin}", f"/bgraph/out/{fatbin_obj}", fatbin_symbol],
+                              inputs=[fatbin], outputs=[fatbin_obj]))
+            steps.append(Step("link", None, ["/usr/bin/ld", "-r", f"/bgraph/in/{host_obj}", f"/bgraph/in/{fatbin_obj}",
+                                             "-o", f"/bgraph/out/{object_name}"],
+                              inputs=[host_obj, fatbin_obj], outputs=[object_name]))
+            return env, steps
         produced.update(step.outputs)
         steps.append(step)
-    if not steps or steps[-1].kind != "hostcc":
-        raise DryrunError("nvcc --dryrun did not end in a host compile; cannot decompose")
-    return env, steps
+    raise DryrunError("nvcc --dryrun did not end in a host compile; cannot decompose")

@@ -19,7 +19,7 @@ def test_two_arch_dryrun_becomes_per_arch_steps():
         ("hostpp", None), ("cudafe", None),
         ("devpp", "1200"), ("cicc", "120a"), ("ptxas", "120a"),
         ("devpp", "1210"), ("cicc", "121a"), ("ptxas", "121a"),
-        ("fatbin", None), ("hostcc", None)]
+        ("fatbin", None), ("hostcc", None), ("fatbinobj", None), ("link", None)]
     assert env["NVVMIR_LIBRARY_DIR"].startswith("/bgraph/toolchain")
     cicc121 = steps[6]
     assert cicc121.inputs == ["k.module_id", "k.compute_121a.cpp1.ii"]
@@ -29,8 +29,13 @@ def test_two_arch_dryrun_becomes_per_arch_steps():
         assert not any("tmpxft" in a or a.startswith("/tmp") for a in s.argv), s.argv
     # Only preprocessing reads the source: the compile steps are keyed on their inputs alone.
     assert [s.kind for s in steps if s.reads_source] == ["hostpp", "devpp", "devpp"]
-    host = steps[-1]
-    assert host.outputs == ["k.o"] and "k.fatbin.c" in host.inputs
+    # The host compile never reads the fatbinary (a stand-in declares its wrapper); the fatbin is
+    # compiled alone and `ld -r` joins the two into the TU's object.
+    host, fatobj, link = steps[-3:]
+    assert host.outputs == ["k.host.o"] and "k.fatbin.c" not in host.needs()
+    assert host.aliases == {"k.cudafe1.stub.c": "k.compute_121a.cudafe1.stub.c"}
+    assert fatobj.inputs == ["k.fatbin.c"] and link.inputs == ["k.host.o", "k.fatbin.o"]
+    assert link.outputs == ["k.o"]
 
 
 def test_single_arch_names_match_the_multi_arch_ones():
@@ -41,6 +46,7 @@ def test_single_arch_names_match_the_multi_arch_ones():
         a = next(s for s in one if s.kind == kind)
         b = next(s for s in two if s.kind == kind and s.arch in ("120a", None))
         assert a.argv == b.argv and a.inputs == b.inputs and a.outputs == b.outputs
+        assert [a.output_path(n) for n in a.outputs] == [b.output_path(n) for n in b.outputs]
 
 
 def test_unknown_step_is_refused():

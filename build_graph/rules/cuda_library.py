@@ -20,7 +20,8 @@ from build_graph.rules.base import SRC, TOOLCHAIN, Attrs, Parallel, PlanGen, Rul
 from build_graph.rules.cuda_toolchain import gencode_flags
 
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
-                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile"}
+                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
+                 "fatbinobj": "CudaFatbinObject", "link": "CudaObjectLink"}
 COMPILE_MNEMONICS = ("CudaCicc", "CudaPtxas", "CudaFatbinary", "CudaHostCompile", "CudaFrontend")
 
 
@@ -88,13 +89,14 @@ def _compile_tu(ctx: RuleContext, src: str, flags: list[str], visible: Tree, ext
          f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *flags, "-c", f"{SRC}/{src}", "-o", object_name(src)],
         inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128)]
     try:
-        env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name(src))
+        symbol = "__bgraph_fatbin_" + ctx.digester.of(f"{ctx.label}:{src}".encode())[:16]
+        env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name(src), symbol)
     except DryrunError as e:
         raise ctx.fail(f"{src}: {e}", "srcs") from None
     produced: dict[str, FileEntry] = {}
     pending = list(steps)
     while pending:
-        ready = [s for s in pending if all(i in produced for i in s.inputs)]
+        ready = [s for s in pending if all(i in produced for i in s.needs())]
         if not ready:
             raise ctx.fail(f"{src}: nvcc steps form a cycle; cannot schedule", "srcs")
         batch = []
@@ -109,8 +111,8 @@ def _compile_tu(ctx: RuleContext, src: str, flags: list[str], visible: Tree, ext
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
             batch.append(ctx.exec_action(
                 f"{s.kind} {src}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], s.argv, inputs=inputs,
-                outputs=s.outputs, env=env, toolchain=toolchain, memory_mb=ctx.attrs.memory_mb if heavy else 256))
-        for outcome in (yield batch):
-            for name in outcome.action.outputs:
-                produced[name] = outcome.tree.entries[name]
+                outputs=[s.output_path(n) for n in s.outputs], env=env, toolchain=toolchain, memory_mb=ctx.attrs.memory_mb if heavy else 256))
+        for s, outcome in zip(ready, (yield batch)):
+            for name in s.outputs:
+                produced[name] = outcome.tree.entries[s.output_path(name)]
     return produced[steps[-1].outputs[0]]
