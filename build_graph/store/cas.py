@@ -22,6 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from build_graph.errors import StoreError
@@ -73,7 +74,8 @@ class LocalCas:
             d.mkdir(parents=True, exist_ok=True)
         self._verified: set[str] = set()
         self._stamps = self._load_stamps()
-        self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
+        self._stored_trees: set[str] = set()
+        self._exec_lock = threading.Lock()  # root digests whose nodes this process has written
         self._stamps_dirty = False
 
     # -- blobs -------------------------------------------------------------------------
@@ -249,13 +251,15 @@ class LocalCas:
         return Tree(entries)
 
     def _exec_blob(self, entry: FileEntry) -> Path:
+        """The blob's executable copy (a separate inode: hard links share the mode)."""
         x = Path(str(self.blob_path(entry.digest)) + ".x")
-        if not x.exists():
-            fd, tmp = tempfile.mkstemp(dir=self.tmp)
-            os.close(fd)
-            shutil.copyfile(self.blob_path(entry.digest), tmp)
-            os.chmod(tmp, 0o555)
-            os.replace(tmp, x)
+        with self._exec_lock:  # sandboxes materialize in parallel; make each copy once
+            if not x.exists():
+                fd, tmp = tempfile.mkstemp(dir=self.tmp)
+                os.close(fd)
+                shutil.copyfile(self.blob_path(entry.digest), tmp)
+                os.chmod(tmp, 0o555)
+                os.replace(tmp, x)
         return x
 
     def materialize(self, tree: Tree) -> Path:
