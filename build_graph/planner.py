@@ -114,7 +114,7 @@ def plan_target(ws: Workspace, target: Target, platform: str, digester: Digester
                 probe_host: Callable[[tuple[str, ...]], tuple[HostTool, ...]]) -> TargetPlan:
     rule = RULES[target.kind]
     deps = {}
-    for key, text in rule.deps(target.attrs):
+    for _key, text in rule.deps(target.attrs):
         lab = parse_label(text, package=target.label.package)
         deps[lab] = outputs[lab]
     ctx = RuleContext(

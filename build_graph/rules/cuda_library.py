@@ -22,7 +22,6 @@ from build_graph.rules.cuda_toolchain import gencode_flags
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
                  "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
                  "fatbinobj": "CudaFatbinObject", "link": "CudaObjectLink"}
-COMPILE_MNEMONICS = ("CudaCicc", "CudaPtxas", "CudaFatbinary", "CudaHostCompile", "CudaFrontend")
 
 
 class CudaLibraryAttrs(Attrs):
@@ -67,7 +66,7 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
 
     # Each TU is its own sub-plan (dryrun, then its steps), so TUs never wait at each other's barriers.
     objects_list = yield Parallel(_compile_tu(ctx, src, flags, visible, ext, toolchain) for src in srcs)
-    objects = {object_name(src): obj for src, obj in zip(srcs, objects_list)}
+    objects = {object_name(src): obj for src, obj in zip(srcs, objects_list, strict=True)}
 
     # Archive the objects (deterministic: ar D).
     lib = f"lib{ctx.label.name}.a"
@@ -112,7 +111,7 @@ def _compile_tu(ctx: RuleContext, src: str, flags: list[str], visible: Tree, ext
             batch.append(ctx.exec_action(
                 f"{s.kind} {src}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], s.argv, inputs=inputs,
                 outputs=[s.output_path(n) for n in s.outputs], env=env, toolchain=toolchain, memory_mb=ctx.attrs.memory_mb if heavy else 256))
-        for s, outcome in zip(ready, (yield batch)):
+        for s, outcome in zip(ready, (yield batch), strict=True):
             for name in s.outputs:
                 produced[name] = outcome.tree.entries[s.output_path(name)]
     return produced[steps[-1].outputs[0]]

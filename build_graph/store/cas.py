@@ -290,7 +290,7 @@ class LocalCas:
                     os.symlink(entry.target, target)
                 else:
                     target.mkdir(exist_ok=True)
-            for d, dirs, _ in os.walk(staging):
+            for d, _dirs, _files in os.walk(staging):
                 os.chmod(d, 0o555)
             try:
                 os.rename(staging, dest)
