@@ -198,7 +198,8 @@ class _BuildRun:
         self.targets: dict[Label, _TargetState] = {}
         # future -> (label, plan slot, action, miss reason, cached tree under --check)
         self.inflight: dict[Future, tuple[Label, Any, Action, str, Tree | None]] = {}
-        self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb)
+        self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
+                                   stop_on_failure=not engine.options.keep_going)
         self.stopping = False
         # --check-sample N: re-execute N of the actions the last build recorded for these targets.
         n = engine.options.check_sample

@@ -12,8 +12,9 @@ class Scheduler:
     """At most `jobs` jobs at once, and the sum of their declared memory kept under `max_mem_mb`
     (a job larger than the whole budget still runs, alone)."""
 
-    def __init__(self, jobs: int, max_mem_mb: int):
+    def __init__(self, jobs: int, max_mem_mb: int, stop_on_failure: bool = False):
         self.jobs = max(1, jobs)
+        self.stop_on_failure = stop_on_failure  # a failed job starts nothing more (no --keep-going)
         self.max_mem_mb = max_mem_mb
         self._pending: deque[tuple[Callable[[], Any], int, Future]] = deque()
         self._running = 0
@@ -58,6 +59,9 @@ class Scheduler:
                 try:
                     fut.set_result(fn())
                 except BaseException as e:  # reported through the future
+                    if self.stop_on_failure:
+                        with self._lock:
+                            self.cancelled = True  # before the finally below could launch the next job
                     fut.set_exception(e)
         finally:
             with self._lock:

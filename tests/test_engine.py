@@ -376,6 +376,27 @@ def test_scheduler_cancel_pending():
     sched.join()
 
 
+def test_scheduler_starts_nothing_after_a_failure_without_keep_going():
+    for stop, expect_ran in ((True, False), (False, True)):
+        sched = Scheduler(jobs=1, max_mem_mb=100, stop_on_failure=stop)
+        ran = threading.Event()
+        gate = threading.Event()
+
+        def boom():
+            gate.wait(5)
+            raise RuntimeError("boom")
+        failing = sched.submit(boom, 10)
+        queued = sched.submit(ran.set, 10)
+        gate.set()
+        with pytest.raises(RuntimeError):
+            failing.result(5)
+        time.sleep(0.2)  # the queued job would have started by now
+        assert ran.is_set() is expect_ran
+        sched.cancel_pending()
+        assert queued.cancelled() or queued.done()
+        sched.join()
+
+
 def test_scheduler_reports_exceptions():
     sched = Scheduler(jobs=2, max_mem_mb=100)
     fut = sched.submit(lambda: 1 / 0, 10)
