@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Protocol
 import blake3
 
 DIGEST_FUNCTIONS = ("blake3", "sha256")
+FETCH_KEY_FIELDS = ("sha256", "filename")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -231,7 +232,9 @@ class Action:
             "host_tools": {t.path: [t.version, t.digest] for t in self.host_tools},
             "cwd": self.cwd,
             "rule_version": self.rule_version,
-            "spec": dict(self.spec),
+            # A fetch is fixed-output (like Nix): its key is the bytes it must produce, not where from.
+            "spec": ({k: v for k, v in self.spec if k in FETCH_KEY_FIELDS} if self.kind == "fetch"
+                     else dict(self.spec)),
         }
 
     def key(self, digester: Digester) -> str:

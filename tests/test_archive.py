@@ -263,3 +263,18 @@ def test_http_archive_missing_file(make_ws, tmp_path):
     assert "Traceback" not in run.stderr
     assert "download of file://" in run.stderr and "pkg-1.0.tar.gz failed: No such file or directory" in run.stderr
     assert ws.ac_entries() == set()
+
+
+@requires_bwrap
+def test_http_archive_moved_url_is_served_from_the_cas(make_ws, tmp_path):
+    """A fetch is fixed-output: same sha256 at a new (even unreachable) URL downloads nothing."""
+    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
+    toml = ws.root / "targets" / "ext.toml"
+    toml.write_text(toml.read_text().replace("0" * 64, right))
+    assert ws.build("//ext:pkg").rc == 0
+    gone = tmp_path / "downloads" / "pkg-1.0.tar.gz"
+    toml.write_text(toml.read_text().replace(f"file://{gone}", "file:///nonexistent/mirror/pkg-1.0.tar.gz"))
+    gone.unlink()
+    run = ws.build("//ext:pkg")
+    assert run.rc == 0, run.stderr
+    assert run.json["executed"] == 0

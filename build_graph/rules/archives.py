@@ -7,7 +7,7 @@ import re
 from pydantic import Field, model_validator
 
 from build_graph.model import TargetOutput
-from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.base import Attrs, PlanGen, RuleContext, fetch, labels_in
 
 
 class PypiArchiveAttrs(Attrs):
@@ -45,11 +45,8 @@ def plan_http_archive(ctx: RuleContext) -> PlanGen:
             raise ctx.fail(f"pin {ctx.attrs.pin!r} is a {pin.kind} pin; http_archive needs a url pin", "pin")
         action = ctx.fetch_action(ctx.attrs.pin, "pin")
     else:
-        from build_graph.model import Action
         filename = re.sub(r"[?#].*$", "", ctx.attrs.url).rsplit("/", 1)[-1] or "download"
-        spec = {"sha256": ctx.attrs.sha256, "filename": filename, "source": "url", "url": ctx.attrs.url}
-        action = Action(name=f"fetch {filename}", mnemonic="Fetch", kind="fetch", outputs=(filename,),
-                        spec=tuple(sorted(spec.items())), memory_mb=64)
+        action = fetch(f"fetch {filename}", filename, ctx.attrs.sha256, "url", url=ctx.attrs.url)
     [fetched] = yield [action]
     return TargetOutput(fetched.tree, {})
 

@@ -133,13 +133,8 @@ class RuleContext:
             raise self.fail(f"pin {pin_name!r} has no file for platform {self.platform}", key,
                             hint=f"add [pins.{pin_name}.platforms.{self.platform}] to WORKSPACE.toml") from None
         filename = f.filename or (f.url.rsplit("/", 1)[-1] if f.url else pin_name)
-        spec = {"sha256": f.sha256, "filename": filename, "source": pin.kind, "pin": pin_name}
-        if pin.kind == "pypi":
-            spec["project"] = pin.project
-        else:
-            spec["url"] = f.url
-        return Action(name=f"fetch {pin_name}", mnemonic="Fetch", kind="fetch", outputs=(filename,),
-                      spec=tuple(sorted(spec.items())), memory_mb=64)
+        where_from = {"project": pin.project} if pin.kind == "pypi" else {"url": f.url}
+        return fetch(f"fetch {pin_name}", filename, f.sha256, pin.kind, pin=pin_name, **where_from)
 
     def extract_action(self, archive: Tree, filename: str, strip_prefix: str = "") -> Action:
         """Unpack an archive file into a tree, in-process, refusing entries that escape the root."""
@@ -147,6 +142,14 @@ class RuleContext:
                       inputs=(("archive", archive),), outputs=(".",),
                       spec=(("filename", filename), ("strip_prefix", strip_prefix)),
                       rule_version=self.rule_version, memory_mb=256)
+
+
+def fetch(name: str, filename: str, sha256: str, source: str, **where_from: str) -> Action:
+    """A fixed-output download. Only sha256 and filename reach the key (see Action.description):
+    where the bytes come from (index, URL, pin name) never causes a refetch."""
+    spec = {"sha256": sha256, "filename": filename, "source": source, **where_from}
+    return Action(name=name, mnemonic="Fetch", kind="fetch", outputs=(filename,),
+                  spec=tuple(sorted(spec.items())), memory_mb=64)
 
 
 def labels_in(attrs: BaseModel, *keys: str) -> list[tuple[str, str]]:
