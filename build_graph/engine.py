@@ -277,13 +277,14 @@ class _BuildRun:
         """Check each ready action: a hit completes its slot at once (possibly readying more),
         a miss goes to the scheduler. The target is done when its plan returns."""
         e, state = self.e, self.targets[label]
+        # Only _finished changes these, so a hit in this call is cut off or not for all of them.
+        upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
         while ready:
             slot, action = ready.pop(0)
             decision = e.rebuilder.check(action, state.previous.get(action.name))
             key = action.key(e.digester)
             state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
             if isinstance(decision, Hit) and not e._check_this(key, self.sample):
-                upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
                 status = "cutoff" if upstream_dirty else "hit"
                 why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
