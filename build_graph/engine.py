@@ -130,10 +130,10 @@ class Engine:
             return archive.extract(self.cas, action)
         return self.sandbox.run(action)
 
-    def _run_and_record(self, action: Action) -> tuple[Tree, ActionResult]:
+    def _run_and_record(self, action: Action) -> tuple[Tree, ActionResult, str]:
+        """Execute, file the result; returns it with the key it was filed under."""
         tree, result = self.execute(action)
-        self.rebuilder.record(action, tree, result)
-        return tree, result
+        return tree, result, self.rebuilder.record(action, tree, result)
 
     # -- the loop ------------------------------------------------------------------------
     def build(self, labels: list[Label]) -> BuildResult:
@@ -284,7 +284,10 @@ class _BuildRun:
             decision = e.rebuilder.check(action, state.previous.get(action.name))
             key = action.key(e.digester)
             state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
-            if isinstance(decision, Hit) and not e._check_this(key, self.sample):
+            checked = e._check_this(key, self.sample)  # --check samples by the full key
+            if isinstance(decision, Hit) and decision.key:
+                key = decision.key  # filed under its narrowed key
+            if isinstance(decision, Hit) and not checked:
                 status = "cutoff" if upstream_dirty else "hit"
                 why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
@@ -320,7 +323,7 @@ class _BuildRun:
             self._record(None, ActionRecord(str(label), action.name, action.mnemonic, key, "failed", reason))
             self._fail(label, err)
             return
-        tree, result = fut.result()
+        tree, result, key = fut.result()
         differs = cached_tree is not None and tree != cached_tree
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
                                          result.duration_s, differs))

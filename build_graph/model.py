@@ -101,6 +101,18 @@ class Tree:
     def get(self, path: str) -> Entry | None:
         return self.entries.get(path)
 
+    def by_name(self) -> dict[str, tuple[str, ...]]:
+        """File name -> every path in the tree with that name (memoized): what decides whether
+        a new file could shadow an #include."""
+        index = self.__dict__.get("_by_name")
+        if index is None:
+            grouped: dict[str, list[str]] = {}
+            for p in self.entries:
+                grouped.setdefault(p.rpartition("/")[2], []).append(p)
+            index = {name: tuple(paths) for name, paths in grouped.items()}
+            self.__dict__["_by_name"] = index
+        return index
+
     def subtree(self, prefix: str) -> "Tree":
         """The part of the tree under `prefix`, re-rooted there."""
         prefix = prefix.strip("/")
@@ -131,6 +143,10 @@ class Tree:
                     raise ValueError(f"conflicting entries for {p!r} when merging trees")
                 out[p] = e
         return Tree(out)
+
+    def overlaid(self, top: "Tree") -> "Tree":
+        """This tree with `top`'s entries added, replacing any at the same path."""
+        return Tree({**self.entries, **top.entries})
 
     def with_executable(self, predicate) -> "Tree":
         """Mark files whose path satisfies `predicate` executable (wheels lose exec bits)."""
@@ -215,11 +231,18 @@ class Action:
     rule_version: str = ""
     spec: tuple[tuple[str, str], ...] = ()
     cacheable: bool = True
+    # An input mount whose files appear (as symlinks into its read-only mount) inside the
+    # writable /bgraph/out before the run: imported Ninja edges write next to their inputs.
+    staged: str | None = None
+    # Mounts whose content is narrowed, after a run, to the files the depfiles name (see
+    # rebuilder.py): a change to a file the action did not read is then not a miss.
+    narrow: tuple[str, ...] = ()
+    depfiles: tuple[str, ...] = ()
 
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out
         so identical work planned by two targets is shared."""
-        return {
+        described = {
             "kind": self.kind,
             "mnemonic": self.mnemonic,
             "argv": list(self.argv),
@@ -236,6 +259,18 @@ class Action:
             "spec": ({k: v for k, v in self.spec if k in FETCH_KEY_FIELDS} if self.kind == "fetch"
                      else dict(self.spec)),
         }
+        # Only when set, so actions that use none of them keep their keys.
+        for name in ("staged", "narrow", "depfiles"):
+            value = getattr(self, name)
+            if value:
+                described[name] = value if isinstance(value, str) else list(value)
+        return described
+
+    def prekey(self, digester: Digester) -> str:
+        """The key with the narrowed mounts left out: what a depfile manifest is filed under."""
+        described = self.description(digester)
+        described["inputs"] = {m: ("narrowed" if m in self.narrow else d) for m, d in described["inputs"].items()}
+        return digester.of_json(described)
 
     def key(self, digester: Digester) -> str:
         cache = self.__dict__.get("_key")

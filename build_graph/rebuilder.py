@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from build_graph.model import Action, ActionResult, Digester, Tree
+from build_graph.depfile import absolute, parse_depfile
+from build_graph.model import Action, ActionResult, Digester, FileEntry, Tree
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 
@@ -14,6 +15,7 @@ from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 class Hit:
     result: ActionResult
     tree: Tree
+    key: str = ""  # the key it was filed under (a narrowed key for depfile-narrowed actions)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class Rebuilder:
         self.cas, self.ac, self.digester = cas, ac, digester
 
     def check(self, action: Action, previous: dict[str, Any] | None) -> Hit | Miss:
+        if action.narrow and action.cacheable:
+            return self._check_narrowed(action, previous)
         key = action.key(self.digester)
         description = action.description(self.digester)
         result = self.ac.get(key) if action.cacheable else None
@@ -102,9 +106,123 @@ class Rebuilder:
             self.cas.put_tree(t)
         return Miss(explain_change(previous.get("description") if previous else None, description, self.cas))
 
-    def record(self, action: Action, tree: Tree, result: ActionResult) -> None:
-        """Remember the inputs (for later reasons) and the result (for later hits)."""
+    def record(self, action: Action, tree: Tree, result: ActionResult) -> str:
+        """Remember the inputs (for later reasons) and the result (for later hits); returns
+        the key the result is filed under."""
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
-        if action.cacheable:
-            self.ac.put(action.key(self.digester), result)
+        key = action.key(self.digester)
+        if action.cacheable and action.narrow:
+            prekey = action.prekey(self.digester)
+            reads, names = self._reads(action, tree)
+            entry = {"reads": reads, "names": self._names(action, names)}
+            key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
+            self.ac.put(key, result)
+            self.ac.add_manifest(prekey, entry)
+        elif action.cacheable:
+            self.ac.put(key, result)
+        return key
+
+    # -- depfile narrowing ---------------------------------------------------------------
+    # An action with `narrow` mounts (a compile over a whole source tree) is filed under a
+    # narrowed key: its key without those mounts (the prekey) plus the digests of the files its
+    # depfiles say it read. The prekey's manifest lists the read sets of earlier runs; a build
+    # checks them by digest before running anything, so an edit to a file the compile did not
+    # read is a hit. A new file could change what an #include finds (an earlier directory on
+    # the include path, #include_next): every entry also records, for the name of each file
+    # read anywhere, every path with that name in each narrowed mount; a file added or removed
+    # under such a name makes the entry stale. (`__has_include` of a file that did not exist
+    # leaves no trace in a depfile; such a header appearing later is not noticed.)
+
+    def _reads(self, action: Action, tree: Tree) -> tuple[dict[str, dict[str, str]], list[str]]:
+        """What a finished action read in each narrowed mount (path -> digest), from its
+        depfiles, and the names of every file it read anywhere. A mount whose reads cannot be
+        told (no depfile; a path through a symlink) is recorded whole: {"*": tree digest}."""
+        mounts = {m: action.input_tree(m) for m in action.narrow}
+        reads: dict[str, dict[str, str]] = {m: {} for m in mounts}
+        names: set[str] = set()
+        whole: set[str] = set()
+        for depfile in action.depfiles:
+            entry = tree.entries.get(depfile)
+            if not isinstance(entry, FileEntry):
+                whole.update(mounts)
+                continue
+            for dep in parse_depfile(self.cas.read_bytes(entry).decode(errors="replace")):
+                path = absolute(dep, action.cwd)
+                names.add(path.rpartition("/")[2])
+                for mount, mtree in mounts.items():
+                    # A staged mount is also seen at /bgraph/out, through symlinks.
+                    for root in (mount, "/bgraph/out") if mount == action.staged else (mount,):
+                        if not path.startswith(root + "/"):
+                            continue
+                        found = mtree.entries.get(path[len(root) + 1:])
+                        if isinstance(found, FileEntry):
+                            reads[mount][path[len(root) + 1:]] = found.digest
+                        elif root == mount:
+                            whole.add(mount)
+        for mount in whole:
+            reads[mount] = {"*": mounts[mount].digest(self.digester)}
+        return reads, sorted(names)
+
+    @staticmethod
+    def _names(action: Action, names: list[str]) -> dict[str, dict[str, list[str]]]:
+        """For each narrowed mount: name -> every path with that name (the shadowing check)."""
+        out = {}
+        for mount in action.narrow:
+            index = action.input_tree(mount).by_name()
+            out[mount] = {n: list(index[n]) for n in names if n in index}
+        return out
+
+    def _stale(self, action: Action, entry: dict[str, Any], limit: int = 5) -> list[str]:
+        """Why a manifest entry does not fit the action's current inputs (empty: it fits)."""
+        why: list[str] = []
+        for mount, files in entry.get("reads", {}).items():
+            tree = action.input_tree(mount) if mount in action.narrow else None
+            if tree is None:
+                return [f"input {mount} is no longer narrowed"]
+            if "*" in files:
+                if files["*"] != tree.digest(self.digester):
+                    why.append(f"input {mount} {_short(files['*'])} -> {_short(tree.digest(self.digester))}")
+                continue
+            for path, digest in files.items():
+                now = tree.entries.get(path)
+                now_digest = now.digest if isinstance(now, FileEntry) else None
+                if now_digest != digest:
+                    why.append(f"input {mount}/{path} {_short(digest)} -> {_short(now_digest or 'absent')}")
+                    if len(why) >= limit:
+                        return why
+        for mount, recorded in entry.get("names", {}).items():
+            index = action.input_tree(mount).by_name() if mount in action.narrow else {}
+            for name, paths in recorded.items():
+                now = list(index.get(name, ()))
+                if now != paths:
+                    added = sorted(set(now) - set(paths))
+                    why.append(f"new file {mount}/{added[0]} may shadow an included {name}" if added
+                               else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
+                    if len(why) >= limit:
+                        return why
+        return why
+
+    def _check_narrowed(self, action: Action, previous: dict[str, Any] | None) -> Hit | Miss:
+        entries = self.ac.get_manifest(action.prekey(self.digester))
+        for entry in entries:
+            if self._stale(action, entry):
+                continue
+            result = self.ac.get(entry["key"])
+            if result is None:
+                continue
+            try:
+                tree = self.cas.get_tree(result.output_tree)
+                bad = self.cas.verify_tree(tree)
+            except (CorruptBlob, StoreError):
+                bad = ["(directory node)"]
+            if not bad:
+                return Hit(result, tree, entry["key"])
+            self.ac.remove(entry["key"])
+            return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
+        for _mount, t in action.inputs:  # so the next miss can name the changed files
+            self.cas.put_tree(t)
+        if entries:  # same command and other inputs: name the files it read that changed
+            return Miss("; ".join(self._stale(action, entries[0])))
+        return Miss(explain_change(previous.get("description") if previous else None,
+                                   action.description(self.digester), self.cas))

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from build_graph.errors import ActionFailed, SandboxError
-from build_graph.model import Action, ActionResult, HostTool, Tree, check_relpath
+from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -85,7 +85,8 @@ class BwrapRunner:
     def run(self, action: Action) -> tuple[Tree, ActionResult]:
         if self.stopping:
             raise ActionFailed("interrupted", where=action.name)
-        for o in action.outputs:
+        whole = action.outputs == (".",)  # the action's whole output directory
+        for o in () if whole else action.outputs:
             try:
                 check_relpath(o)
             except ValueError:
@@ -95,7 +96,9 @@ class BwrapRunner:
         out_dir = work / "out"
         out_dir.mkdir()
         try:
-            for o in action.outputs:
+            if action.staged:
+                _stage(out_dir, action.input_tree(action.staged), action.staged)
+            for o in () if whole else action.outputs:
                 (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             stdout_path, stderr_path = work / "stdout", work / "stderr"
             start = time.monotonic()
@@ -133,7 +136,7 @@ class BwrapRunner:
             if missing:
                 raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
                                    where=action.name)
-            tree = self.cas.ingest_dir(out_dir, list(action.outputs), move=True)
+            tree = self.cas.ingest_dir(out_dir, None if whole else list(action.outputs), move=True)
             result = ActionResult(
                 output_tree=self.cas.put_tree(tree), exit_code=0,
                 stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
@@ -152,6 +155,19 @@ class BwrapRunner:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _stage(out_dir: Path, tree: Tree, mount: str) -> None:
+    """Lay `tree` out in the writable output directory as symlinks into its read-only mount:
+    the action reads its inputs where its command expects them, and cannot write through them
+    (the mount is read-only), while new files it writes land beside them."""
+    for path, entry in tree.entries.items():
+        target = out_dir / path
+        if isinstance(entry, DirEntry):
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(f"{mount}/{path}", target)
 
 
 def _symlinked_parent(out_dir: Path, output: str) -> str | None:

@@ -89,6 +89,9 @@ class RuleContext:
         host: TargetOutput | None = None,
         memory_mb: int = 512,
         cwd: str = OUT,
+        staged: str | None = None,
+        narrow: tuple[str, ...] = (),
+        depfiles: tuple[str, ...] = (),
     ) -> Action:
         """A sandboxed action with the base environment, this platform and rule version."""
         full_env = dict(BASE_ENV)
@@ -122,6 +125,9 @@ class RuleContext:
             cwd=cwd,
             memory_mb=memory_mb,
             rule_version=self.rule_version,
+            staged=staged,
+            narrow=tuple(sorted(narrow)),
+            depfiles=tuple(depfiles),
         )
 
     def fetch_action(self, pin_name: str, key: str) -> Action:

@@ -7,7 +7,7 @@ import re
 from pydantic import Field
 
 from build_graph.rules.base import TOOLCHAIN, Attrs, PlanGen, RuleContext, labels_in
-from build_graph.model import TargetOutput
+from build_graph.model import SymlinkEntry, TargetOutput, Tree
 
 
 
@@ -42,7 +42,7 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
     if "bin/nvcc" not in tree.entries:
         raise ctx.fail(f"no bin/nvcc under {ctx.attrs.strip_prefix!r} in the wheels", "wheels")
     # Some wheels lose exec bits; the tools under bin/ must run.
-    tree = tree.with_executable(_is_tool)
+    tree = tree.with_executable(_is_tool).merged(toolkit_links(tree))
     host = ctx.dep(ctx.attrs.host, "host")
     toolchain = TargetOutput(tree, {"host": host.info})
     [probe] = yield [ctx.exec_action(
@@ -56,6 +56,19 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
         raise ctx.fail(f"the wheels give nvcc {found}, not {ctx.attrs.version}", "version")
     return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
                         {"version": found, "host": host.info, "nvcc": "bin/nvcc"})
+
+
+def toolkit_links(tree: Tree) -> Tree:
+    """What CMake's CUDA lookup expects of a toolkit prefix and the wheels lack: `lib64 -> lib`
+    (nvcc's profile links from lib64) and an unversioned name for every `lib/libX.so.N`."""
+    links: dict[str, SymlinkEntry] = {}
+    if "lib64" not in tree.entries:
+        links["lib64"] = SymlinkEntry("lib")
+    for path in tree.entries:
+        m = re.fullmatch(r"lib/(lib[^/]+\.so)\.\d+", path)
+        if m and f"lib/{m.group(1)}" not in tree.entries:
+            links[f"lib/{m.group(1)}"] = SymlinkEntry(path.rpartition("/")[2])
+    return Tree(links)
 
 
 def gencode_flags(archs: list[str]) -> list[str]:

@@ -7,8 +7,8 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from build_graph.rules import (archives, cc_shared_library, cuda_library, cuda_toolchain, genrule, host_tools,
-                               patched_tree, py_wheel)
+from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain, genrule,
+                               host_tools, patched_tree, py_wheel)
 
 
 def _none(attrs) -> list:
@@ -40,6 +40,8 @@ RULES: dict[str, Rule] = {
                          cuda_library.cuda_library_deps, cuda_library.cuda_library_sources),
     "cc_shared_library": Rule("cc_shared_library", cc_shared_library.CcSharedLibraryAttrs,
                               cc_shared_library.plan_cc_shared_library, cc_shared_library.cc_shared_library_deps),
+    "cmake_project": Rule("cmake_project", cmake_project.CmakeProjectAttrs, cmake_project.plan_cmake_project,
+                          cmake_project.cmake_project_deps, cmake_project.cmake_project_sources),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
                      py_wheel.py_wheel_sources),
 }

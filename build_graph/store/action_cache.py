@@ -35,3 +35,24 @@ class LocalActionCache:
 
     def remove(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    # Depfile manifests: prekey -> the inputs each earlier run read (see rebuilder.py).
+    def _manifest_path(self, prekey: str) -> Path:
+        return self.root / prekey[:2] / f"{prekey[2:]}.reads.json"
+
+    def get_manifest(self, prekey: str) -> list[dict]:
+        try:
+            entries = json.loads(self._manifest_path(prekey).read_text())
+            return entries if isinstance(entries, list) else []
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def add_manifest(self, prekey: str, entry: dict, keep: int = 8) -> None:
+        """File `entry` first under `prekey`, keeping the `keep` most recent distinct entries."""
+        entries = [entry] + [e for e in self.get_manifest(prekey) if e.get("key") != entry["key"]]
+        dest = self._manifest_path(prekey)
+        dest.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries[:keep], f, sort_keys=True)
+        os.replace(tmp, dest)

@@ -29,6 +29,10 @@ from build_graph.errors import StoreError
 from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 
 LAYOUT_VERSION = "v1"
+# Every file and directory an action can see carries this mtime (1980-01-01, as
+# SOURCE_DATE_EPOCH): tools record mtimes (nvcc's -lineinfo file table does), and a clock
+# must never reach an output.
+FIXED_MTIME = 315532800
 log = logging.getLogger("bgraph.store")
 CHUNK = 1 << 20
 
@@ -91,6 +95,7 @@ class LocalCas:
             return
         dest.parent.mkdir(exist_ok=True)
         os.chmod(tmp_path, 0o444)
+        os.utime(tmp_path, (FIXED_MTIME, FIXED_MTIME))
         os.replace(tmp_path, dest)
         self._verified.add(digest)
 
@@ -259,6 +264,7 @@ class LocalCas:
                 os.close(fd)
                 shutil.copyfile(self.blob_path(entry.digest), tmp)
                 os.chmod(tmp, 0o555)
+                os.utime(tmp, (FIXED_MTIME, FIXED_MTIME))
                 os.replace(tmp, x)
         return x
 
@@ -290,8 +296,9 @@ class LocalCas:
                     os.symlink(entry.target, target)
                 else:
                     target.mkdir(exist_ok=True)
-            for d, _dirs, _files in os.walk(staging):
+            for d, _dirs, _files in os.walk(staging, topdown=False):
                 os.chmod(d, 0o555)
+                os.utime(d, (FIXED_MTIME, FIXED_MTIME))
             try:
                 os.rename(staging, dest)
             except OSError:

@@ -1,0 +1,235 @@
+"""cmake_project: a CMake/Ninja project imported as bgraph actions.
+
+Round 1 runs the project's own configure once, in the sandbox, as a cached action (no
+network): source at /bgraph/src (a writable copy: configures may generate sources into it),
+build directory /bgraph/out, toolchains at fixed paths, so nothing it writes holds a host
+path. The same action asks Ninja for its graph (see ninja_graph.py). Round 2 plans every
+edge the wanted outputs need as actions:
+
+- nvcc compiles go through `nvcc_compile.compile_tu` (per TU and arch, early cutoff), each
+  with its own flags and -gencode list;
+- other compiles (a `-MF` depfile in the command) run as one action narrowed by that depfile;
+- link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
+  build directory.
+
+Every edge runs with the build directory staged into /bgraph/out (symlinks into a read-only
+mount), so its command runs verbatim, as Ninja would run it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pydantic import Field
+
+from build_graph.model import Tree
+from build_graph.ninja_graph import Edge, NinjaGraph, NinjaGraphError, load_graph
+from build_graph.rules.base import OUT, SRC, Attrs, Parallel, PlanGen, RuleContext, labels_in
+from build_graph.rules.nvcc_compile import SourceView, compile_tu
+from build_graph.model import TargetOutput
+
+CMAKE, NINJA, STAGE, ORIG = "/bgraph/cmake", "/bgraph/ninja", "/bgraph/stage", "/bgraph/in/src"
+META = ".bgraph"  # the configure's own files inside its output (graph, log, generated sources)
+NVCC = "/bgraph/toolchain/bin/nvcc"
+
+# Runs in the sandbox. $1 = cmake, $2 = ninja; the rest are cmake's arguments. The configure
+# log is kept; on failure CMake's own error text goes to stderr, and a download or clone the
+# configure tried (there is no network) is named.
+_CONFIGURE = r"""set -e
+cmake=$1; ninja=$2; shift 2
+mkdir -p /bgraph/src /bgraph/out/.bgraph /bgraph/out/.cmake/api/v1/query
+cp -a /bgraph/in/src/. /bgraph/src/
+: > /bgraph/out/.cmake/api/v1/query/codemodel-v2
+log=/bgraph/out/.bgraph/configure.log
+if ! "$cmake" -G Ninja -S /bgraph/src -B /bgraph/out "-DCMAKE_MAKE_PROGRAM=$ninja" "$@" > "$log" 2>&1; then
+  url=$(grep -oE "(https?|git|ssh)://[^ '\";)]+" "$log" | head -n 1)
+  if [ -z "$url" ] && grep -qiE "resolve|clone|download|connect" "$log"; then
+    # CMake's error need not name the address: a traced re-run shows the command that asked for it.
+    "$cmake" -G Ninja -S /bgraph/src -B /tmp/retrace "-DCMAKE_MAKE_PROGRAM=$ninja" "$@" --trace-expand \
+      --trace-redirect=/tmp/trace.txt > /dev/null 2>&1 || true
+    url=$(grep -iE "download|git_repository|url" /tmp/trace.txt 2>/dev/null | grep -oE "(https?|git|ssh)://[^ '\";)]+" | tail -n 1)
+  fi
+  if [ -n "$url" ]; then
+    echo "bgraph: the configure tried to download $url, and actions have no network:"
+    echo "  give it as a pinned input (a *_SRC_DIR cache variable pointing into an ext tree)"
+  fi
+  echo "cmake configure failed; CMake's output:"
+  grep -v '^--' "$log" | tail -n 60
+  exit 1
+fi >&2
+# Keep the outputs reproducible: the configure log's timestamps and durations go.
+rm -f /bgraph/out/CMakeFiles/CMakeConfigureLog.yaml
+for index in /bgraph/out/.cmake/api/v1/reply/index-*.json; do mv "$index" /bgraph/out/.cmake/api/v1/reply/index.json; done
+sed -i -E 's/ \([0-9.]+s\)$//' "$log"
+cd /bgraph/out
+"$ninja" -t compdb -x > .bgraph/compdb.json
+"$ninja" -t targets all | sed 's/: [^:]*$//' | tr '\n' '\0' | xargs -0 "$ninja" -t query > .bgraph/query.txt
+# Sources the configure wrote into the tree: everything newer than the inputs' fixed mtime.
+cd /bgraph/src
+find . \( -type f -o -type l \) -newermt 1980-01-02 | while read -r f; do
+  mkdir -p "/bgraph/out/.bgraph/generated/$(dirname "$f")"; cp -a "$f" "/bgraph/out/.bgraph/generated/$f"
+done
+"""
+
+
+class CmakeProjectAttrs(Attrs):
+    src: str | None = Field(None, description="label of the source tree (e.g. a patched_tree); or give srcs")
+    srcs: list[str] = Field(default_factory=list, description="workspace paths or globs forming the source tree")
+    strip_prefix: str = Field("", description="with srcs: the directory that becomes the source root")
+    cache: dict[str, str] = Field(default_factory=dict, description="CMake cache variables (-DNAME=VALUE)")
+    archs: str | list[str] | None = Field(None, description="arch set name or list, e.g. ['12.0a', '12.1a']")
+    arch_variable: str = Field("CMAKE_CUDA_ARCHITECTURES",
+                               description="cache variable that receives the archs (CMake spells 12.1a as 121a; "
+                                           "any other variable gets them as written, ';'-separated)")
+    build_type: str = Field("Release", description="CMAKE_BUILD_TYPE")
+    outputs: list[str] = Field(description="build-directory paths wanted (libraries, executables)")
+    ext: dict[str, str] = Field(default_factory=dict, description="name -> label mounted at /bgraph/ext/<name>")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the configure")
+    toolchain: str = Field("//toolchains:cuda-13.0", description="cuda_toolchain (nvcc, CUDA headers)")
+    cmake: str = Field("//toolchains:cmake", description="CMake tree (bin/cmake)")
+    ninja: str = Field("//toolchains:ninja", description="Ninja tree (ninja or bin/ninja)")
+    host: str = Field("//toolchains:host-cc", description="host_tools target: compilers and shell")
+    memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
+
+
+def cmake_project_deps(attrs: CmakeProjectAttrs):
+    return labels_in(attrs, "src", "ext", "toolchain", "cmake", "ninja", "host")
+
+
+def cmake_project_sources(attrs: CmakeProjectAttrs):
+    return [("srcs", p) for p in attrs.srcs]
+
+
+def _arch_value(archs: list[str], variable: str) -> str:
+    if variable == "CMAKE_CUDA_ARCHITECTURES":
+        return ";".join(a.replace(".", "") for a in archs)
+    return ";".join(archs)
+
+
+def _tool(tree: Tree, mount: str, name: str) -> str:
+    for path in (f"bin/{name}", name):
+        if path in tree.entries:
+            return f"{mount}/{path}"
+    raise KeyError(name)
+
+
+def plan_cmake_project(ctx: RuleContext) -> PlanGen:
+    a = ctx.attrs
+    if (a.src is None) == (not a.srcs):
+        raise ctx.fail("give either src (a label) or srcs (workspace paths)", "src")
+    source = ctx.dep(a.src, "src").tree if a.src else ctx.sources.subtree(a.strip_prefix)
+    toolchain = ctx.dep(a.toolchain, "toolchain")
+    host = ctx.dep(a.host, "host")
+    cmake_tree, ninja_tree = ctx.dep(a.cmake, "cmake").tree, ctx.dep(a.ninja, "ninja").tree
+    try:
+        cmake, ninja = _tool(cmake_tree, CMAKE, "cmake"), _tool(ninja_tree, NINJA, "ninja")
+    except KeyError as e:
+        raise ctx.fail(f"no {e.args[0]} binary in the {e.args[0]} tree", e.args[0]) from None
+    ext = {f"/bgraph/ext/{name}": ctx.dep(label, "ext").tree for name, label in a.ext.items()}
+    cache = {"CMAKE_BUILD_TYPE": a.build_type, "CMAKE_C_COMPILER": "/usr/bin/gcc",
+             "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_COMPILER": NVCC,
+             "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++", "CUDAToolkit_ROOT": "/bgraph/toolchain",
+             "CUDA_TOOLKIT_ROOT_DIR": "/bgraph/toolchain", **a.cache}
+    if a.archs is not None:
+        cache[a.arch_variable] = _arch_value(ctx.arch_sets(a.archs, ctx.where("archs")), a.arch_variable)
+    env = {"PATH": f"{CMAKE}/bin:{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", **a.env}
+
+    # Round 1: configure, and Ninja's view of the graph.
+    [configured] = yield [ctx.exec_action(
+        "configure", "CmakeConfigure",
+        ["/bin/sh", "-c", _CONFIGURE, "configure", cmake, ninja, *(f"-D{k}={v}" for k, v in sorted(cache.items()))],
+        inputs={ORIG: source, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}, outputs=["."], env=env,
+        toolchain=toolchain, host=host, memory_mb=2048)]
+    out = configured.tree
+    try:
+        graph = load_graph(ctx.read(out.entries[f"{META}/compdb.json"]).decode(),
+                           ctx.read(out.entries[f"{META}/query.txt"]).decode(), OUT)
+        edges = graph.needed(a.outputs)
+    except NinjaGraphError as e:
+        raise ctx.fail(f"Ninja graph: {e}", "outputs") from None
+    src_tree = source.overlaid(out.subtree(f"{META}/generated"))
+    build_tree = Tree({p: e for p, e in out.entries.items()
+                       if not p.startswith((f"{META}/", ".cmake/")) and p not in (META, ".cmake")})
+
+    # Round 2: the edges, in waves of edges whose inputs are all built.
+    mounts = {SRC: src_tree, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}
+    built: dict[str, object] = {}
+    depth: dict[int, int] = {}
+    for edge in edges:
+        depth[id(edge)] = 1 + max((depth[id(d)] for d in graph.deps(edge)), default=-1)
+    for wave in range(max(depth.values(), default=-1) + 1):
+        batch = [e for e in edges if depth[id(e)] == wave]
+        results = yield Parallel(_plan_edge(ctx, graph, e, build_tree, built, mounts, env, toolchain, host)
+                                 for e in batch)
+        for e, tree in zip(batch, results, strict=True):
+            built.update(tree.entries)
+    wanted = {}
+    for w in a.outputs:
+        for f in graph.resolve(w):
+            wanted[f] = built[f]
+    return TargetOutput(Tree(wanted), {"outputs": sorted(wanted), "configure": configured.action.key(ctx.digester)})
+
+
+def _edge_inputs(graph: NinjaGraph, edge: Edge, built: dict) -> Tree:
+    """The built files an edge reads, transitively through phony aliases (build-dir paths)."""
+    files = {}
+    for i in edge.inputs():
+        for f in graph.resolve(i):
+            if f in built:
+                files[f] = built[f]
+    return Tree(files)
+
+
+def _without(argv: list[str], flags_with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags_with_value:
+            skip = True
+        elif arg not in flags:
+            out.append(arg)
+    return out
+
+
+def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree, built: dict,
+               mounts: dict[str, Tree], env: dict[str, str], toolchain, host):
+    """Sub-plan for one edge; returns the tree of its outputs (build-dir paths)."""
+    name = edge.outputs[0]
+    inputs = _edge_inputs(graph, edge, built)
+    argv = shlex.split(edge.command)
+    is_compile = "-c" in argv and "-o" in argv and "&&" not in argv
+    if is_compile and argv[0] == NVCC:
+        obj = argv[argv.index("-o") + 1]
+        nvcc_args = _without(argv[1:], ("-o", "-MT", "-MF"), ("-MD", "-MMD"))
+        view = SourceView({**mounts, STAGE: build_tree.overlaid(inputs)}, narrow=(SRC, STAGE, *_ext(mounts)),
+                          staged=STAGE, memory_mb=ctx.attrs.memory_mb)
+        flat = re.sub(r"[^A-Za-z0-9_.-]", "_", obj.removeprefix(OUT + "/"))
+        entry = yield from compile_tu(ctx, name, nvcc_args, flat, view, toolchain)
+        return Tree({name: entry})
+    if is_compile and "-MF" in argv:
+        depfile = argv[argv.index("-MF") + 1]
+        [done] = yield [ctx.exec_action(
+            f"compile {name}", "CmakeCompile", ["/bin/sh", "-c", edge.command],
+            inputs={**mounts, STAGE: build_tree.overlaid(inputs)}, outputs=[*edge.outputs, depfile], env=env,
+            toolchain=toolchain, host=host, memory_mb=ctx.attrs.memory_mb, staged=STAGE,
+            narrow=(SRC, STAGE, *_ext(mounts)), depfiles=(depfile,))]
+        return done.tree.select(edge.outputs)
+    if "LINKER" in edge.rule:
+        # A link or archive reads what Ninja lists (objects, libraries) and nothing else: an edit
+        # anywhere in the sources reaches it only through an object that changed.
+        seen = {m: t for m, t in mounts.items() if m in (CMAKE, NINJA)}
+        seen[STAGE] = inputs
+    else:
+        # A custom command may read anything in the sources and the build tree (it has no depfile).
+        seen = {**mounts, STAGE: build_tree.overlaid(inputs)}
+    [done] = yield [ctx.exec_action(
+        f"{edge.rule.split('__')[0].lower()} {name}", "CmakeEdge", ["/bin/sh", "-c", edge.command],
+        inputs=seen, outputs=edge.outputs, env=env, toolchain=toolchain, host=host,
+        memory_mb=ctx.attrs.memory_mb, staged=STAGE)]
+    return done.tree
+
+
+def _ext(mounts: dict[str, Tree]) -> tuple[str, ...]:
+    return tuple(m for m in mounts if m.startswith("/bgraph/ext/"))

@@ -1,0 +1,79 @@
+"""One CUDA translation unit compiled through nvcc's own steps: the sub-plan that both
+`cuda_library` and the CMake import (`cmake_project`) use for every nvcc compile.
+
+`nvcc --dryrun` (keyed on the flags and the toolchain, not on the source) lists the steps;
+each becomes a sandboxed action keyed on exactly what it reads. The preprocessing steps (host
+and per arch) read the source tree: each writes a depfile, and the rebuilder narrows their
+inputs to the files it names, so an edit to a file the TU does not include runs nothing.
+cicc/ptxas for an arch run only when that arch's preprocessed text changes; fatbinary and
+the host compile are the cheap combining steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from build_graph.model import FileEntry, TargetOutput, Tree
+from build_graph.nvcc import DryrunError, parse_dryrun
+from build_graph.rules.base import OUT, TOOLCHAIN, RuleContext
+
+STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
+                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
+                 "fatbinobj": "CudaFatbinObject", "link": "CudaObjectLink"}
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What the preprocessing steps of a TU see: mounts (source tree, external trees, a build
+    directory staged into /bgraph/out), which of them are narrowed by depfile, and the cwd."""
+
+    mounts: dict[str, Tree]
+    narrow: tuple[str, ...]
+    staged: str | None = None
+    cwd: str = OUT
+    memory_mb: int = 1024
+
+
+def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: str, view: SourceView,
+               toolchain: TargetOutput):
+    """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
+    `object_name` under /bgraph/out. Returns the object's FileEntry."""
+    [dry] = yield [ctx.exec_action(
+        f"dryrun {name}", "CudaDryrun",
+        ["/bin/sh", "-c", '"$@" 2> dryrun.txt || { cat dryrun.txt >&2; exit 1; }', "nvcc",
+         f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *nvcc_args, "-o", object_name],
+        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128)]
+    try:
+        symbol = "__bgraph_fatbin_" + ctx.digester.of(f"{ctx.label}:{name}".encode())[:16]
+        env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name, symbol)
+    except DryrunError as e:
+        raise ctx.fail(f"{name}: {e}") from None
+    produced: dict[str, FileEntry] = {}
+    pending = list(steps)
+    while pending:
+        ready = [s for s in pending if all(i in produced for i in s.needs())]
+        if not ready:
+            raise ctx.fail(f"{name}: nvcc steps form a cycle; cannot schedule")
+        batch = []
+        for s in ready:
+            pending.remove(s)
+            files = {i: produced[i] for i in s.inputs}
+            files.update({alias: produced[orig] for alias, orig in s.aliases.items()})
+            inputs = {"/bgraph/in": Tree(files)}
+            argv, outputs = list(s.argv), [s.output_path(n) for n in s.outputs]
+            narrow: dict = {}
+            if s.reads_source:
+                inputs.update(view.mounts)
+                depfile = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}.d"
+                argv += ["-MD", "-MF", f"{OUT}/{depfile}"]
+                outputs.append(depfile)
+                narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged}
+            heavy = s.kind in ("cicc", "ptxas", "hostcc")
+            batch.append(ctx.exec_action(
+                f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
+                outputs=outputs, env=env, toolchain=toolchain, memory_mb=view.memory_mb if heavy else 256,
+                cwd=view.cwd if s.reads_source else OUT, **narrow))
+        for s, outcome in zip(ready, (yield batch), strict=True):
+            for out in s.outputs:
+                produced[out] = outcome.tree.entries[s.output_path(out)]
+    return produced[steps[-1].outputs[0]]

@@ -1,0 +1,173 @@
+"""cmake_project: the test project under tests/data/cmake_project imported and built for real
+(CMake and Ninja from pinned wheels, nvcc 13.0, bubblewrap). Each test copies the project into
+a new workspace directory; all share one cache, so every build after the first is incremental
+(and the copies prove the keys hold no workspace path)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import REPO, WS
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+LABEL = "//demo:lib"
+TARGET = """\
+[lib]
+kind = "cmake_project"
+srcs = ["demo/**"]
+strip_prefix = "demo"
+archs = ["12.0a", "12.1a"]
+outputs = ["libdemo.so", "libdemo_cuda.a", "libdemo_cpp.a"]
+"""
+COMPILES = ("CudaHostPreprocess", "CudaDevicePreprocess", "CudaFrontend", "CudaCicc", "CudaPtxas",
+            "CudaHostCompile", "CmakeCompile")
+
+
+def new_ws(root: Path, cache: Path) -> WS:
+    (root / "targets").mkdir(parents=True)
+    shutil.copy(REPO / "WORKSPACE.toml", root / "WORKSPACE.toml")
+    shutil.copy(REPO / "targets" / "toolchains.toml", root / "targets" / "toolchains.toml")
+    (root / "targets" / "demo.toml").write_text(TARGET)
+    shutil.copytree(REPO / "tests" / "data" / "cmake_project", root / "demo")
+    return WS(root, cache)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module, warmed by a first build."""
+    path = tmp_path_factory.mktemp("cmake-cache")
+    ws = new_ws(tmp_path_factory.mktemp("warm") / "ws", path)
+    run = ws.build(LABEL)
+    assert run.rc == 0, run.output
+    return path
+
+
+@pytest.fixture
+def ws(tmp_path, cache) -> WS:
+    return new_ws(tmp_path / "ws", cache)
+
+
+def ran(summary: dict, mnemonics=COMPILES) -> list[str]:
+    """Names of the executed actions with these mnemonics."""
+    return sorted(a["name"] for a in summary["actions"] if a["status"] == "executed" and a["mnemonic"] in mnemonics)
+
+
+def build_ok(ws: WS) -> dict:
+    run = ws.build(LABEL)
+    assert run.rc == 0, run.output
+    return run.json
+
+
+def test_built_library_loads_with_both_parts(ws):
+    summary = build_ok(ws)
+    assert summary["executed"] == 0  # another workspace directory, same cache: all hits
+    lib = ws.root / "bgraph-out" / "demo" / "lib" / "libdemo.so"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert " T demo_cuda_scale" in symbols and " T demo_cpp_greet" in symbols
+    dll = ctypes.CDLL(str(lib))
+    dll.demo_cpp_greet.restype = ctypes.c_char_p
+    assert dll.demo_cpp_greet() == b"hello from demo_cpp"
+    assert dll.demo_table_value(7) == 49  # from the source the custom command generated
+    query = ws.cli("query", "kind(cmake_project, //...)")
+    assert query.rc == 0 and query.stdout.split() == [LABEL]
+
+
+def test_cu_edit_in_one_arch_recompiles_that_tu_and_arch(ws):
+    scale = ws.root / "demo" / "kernels" / "scale.cu"
+    scale.write_text(scale.read_text().replace("return x * DEMO_SCALE_FACTOR;  // sm_121 path",
+                                               "return x * DEMO_SCALE_FACTOR + 1.0f;  // sm_121 path"))
+    common = ws.root / "demo" / "include" / "demo_common.cuh"
+    common.write_text(common.read_text().replace("return x * DEMO_SCALE_FACTOR;  // sm_121 path",
+                                                 "return x * DEMO_SCALE_FACTOR + 1.0f;  // sm_121 path"))
+    summary = build_ok(ws)
+    executed = ran(summary)
+    assert executed, summary
+    assert all("scale.cu" in n for n in executed), executed  # offset.cu did not run
+    assert "cicc CMakeFiles/demo_cuda.dir/kernels/scale.cu.o 121a" in executed
+    assert "cicc CMakeFiles/demo_cuda.dir/kernels/scale.cu.o 120a" not in executed  # 1200 text unchanged
+
+
+def test_reconfigure_with_unchanged_edges_compiles_nothing(ws):
+    cml = ws.root / "demo" / "CMakeLists.txt"
+    cml.write_text(cml.read_text() + "\n# a comment: the configure re-runs, the edges stay as they were\n")
+    summary = build_ok(ws)
+    assert ran(summary, ("CmakeConfigure",)) == ["configure"]
+    assert ran(summary) == []
+
+
+def test_header_edit_recompiles_only_its_includers(ws):
+    hdr = ws.root / "demo" / "include" / "demo_offset.cuh"
+    hdr.write_text(hdr.read_text().replace("return x + by;", "return by + x;"))
+    summary = build_ok(ws)
+    executed = ran(summary)
+    assert executed and all("offset.cu" in n for n in executed), executed
+    explain = ws.cli("explain", LABEL)
+    assert "demo_offset.cuh" in explain.stdout
+    records = json.loads(ws.cli("explain", "--json", LABEL).stdout)
+    preprocessed = [r for r in records if r["status"] == "executed" and r["mnemonic"].endswith("Preprocess")]
+    assert len(preprocessed) == 3  # offset.cu: host, sm_120a, sm_121a
+    for r in preprocessed:
+        assert "/bgraph/src/include/demo_offset.cuh" in r["reason"], r
+
+
+def test_edit_to_a_file_no_tu_reads_compiles_nothing(ws):
+    (ws.root / "demo" / "README.md").write_text("edited\n")
+    (ws.root / "demo" / "include" / "unused.h").write_text("#pragma once\n")
+    summary = build_ok(ws)
+    assert ran(summary) == []
+
+
+def test_new_header_shadowing_an_include_recompiles(ws):
+    # offset.cu says #include "demo_offset.cuh": its own directory is searched before include/.
+    (ws.root / "demo" / "kernels" / "demo_offset.cuh").write_text(
+        "#pragma once\n__device__ __forceinline__ float demo_offset(float x, float by) { return x - by; }\n")
+    summary = build_ok(ws)
+    executed = ran(summary)
+    assert "hostpp CMakeFiles/demo_cuda.dir/kernels/offset.cu.o" in executed, summary
+    assert all("offset.cu" in n for n in executed), executed
+    reasons = [a["reason"] for a in summary["actions"] if a["name"].startswith("hostpp") and a["status"] == "executed"]
+    assert any("shadow" in r for r in reasons), reasons
+
+
+def test_configure_that_needs_the_network_fails_clearly(ws):
+    cml = ws.root / "demo" / "CMakeLists.txt"
+    cml.write_text(cml.read_text().replace(
+        "set(CMAKE_CXX_STANDARD 17)",
+        'file(DOWNLOAD "https://downloads.example.org/dep-1.0.tar.gz" "${CMAKE_BINARY_DIR}/dep.tgz" STATUS st)\n'
+        'list(GET st 0 code)\nif(code)\n  message(FATAL_ERROR "download failed: ${st}")\nendif()\n'
+        "set(CMAKE_CXX_STANDARD 17)"))
+    run = ws.build(LABEL)
+    assert run.rc == 1
+    assert "https://downloads.example.org/dep-1.0.tar.gz" in run.output
+    assert "no network" in run.output and "Traceback" not in run.output
+
+
+def test_configure_error_shows_cmakes_own_text(ws):
+    cml = ws.root / "demo" / "CMakeLists.txt"
+    cml.write_text(cml.read_text().replace("set(CMAKE_CXX_STANDARD 17)",
+                                           'message(FATAL_ERROR "demo: broken on purpose")'))
+    run = ws.cli("build", LABEL)
+    assert run.rc == 1
+    assert "demo: broken on purpose" in run.output and "CMake Error" in run.output
+    assert "Traceback" not in run.output
+
+
+def test_relocatable_across_workspaces_and_caches(tmp_path, ws):
+    """Another directory and another (empty) cache: the same keys and byte-identical outputs,
+    with -lineinfo in the CUDA flags."""
+    other = new_ws(tmp_path / "elsewhere" / "deeper", tmp_path / "other-cache")
+    first, second = build_ok(ws), build_ok(other)
+    assert second["executed"] > 0
+    keys = lambda s: sorted(a["key"] for a in s["actions"])  # noqa: E731
+    assert keys(first) == keys(second)
+    for name in ("libdemo.so", "libdemo_cuda.a", "libdemo_cpp.a"):
+        a = (ws.root / "bgraph-out" / "demo" / "lib" / name).read_bytes()
+        b = (other.root / "bgraph-out" / "demo" / "lib" / name).read_bytes()
+        assert a == b, name
