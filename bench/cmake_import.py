@@ -9,7 +9,7 @@ Every builder uses the same CMake 3.31.10, Ninja 1.13.2 and nvcc 13.0.88: bgraph
 Steps, wall seconds, builders interleaved within a step and rotated per repeat:
   cold         empty build dir (and empty ccache / bgraph cache, toolchains excepted): configure + build
   no-op        build again, nothing changed
-  header       edit include/demo_offset.cuh (read by one CUDA TU), build
+  header       a code edit in include/demo_offset.cuh (read by one CUDA TU), build
   reconfigure  a comment added to CMakeLists.txt, then a fresh configure and build, as a CI job
                or a Docker rebuild does it (plain Ninja recompiles all; ccache and bgraph should not)
 
@@ -140,7 +140,7 @@ def edit(builder, step: str, n: int) -> None:
     root = builder.edit_dir()
     if step == "header":
         hdr = root / "include" / "demo_offset.cuh"
-        hdr.write_text(hdr.read_text() + f"// edit {n}\n#define DEMO_EDIT_{n} {n}\n")
+        hdr.write_text(hdr.read_text().replace("return x + by;", f"return x + by + {n + 1}.0f;"))
     elif step == "reconfigure":
         cml = root / "CMakeLists.txt"
         cml.write_text(cml.read_text() + f"\n# reconfigure {n}\n")

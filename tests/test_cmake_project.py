@@ -122,6 +122,8 @@ def test_edit_to_a_file_no_tu_reads_compiles_nothing(ws):
     (ws.root / "demo" / "include" / "unused.h").write_text("#pragma once\n")
     summary = build_ok(ws)
     assert ran(summary) == []
+    # The configure is narrowed to the files CMake lists as its own inputs: it did not re-run.
+    assert ran(summary, ("CmakeConfigure",)) == []
 
 
 def test_new_header_shadowing_an_include_recompiles(ws):

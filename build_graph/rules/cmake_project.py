@@ -1,7 +1,8 @@
 """cmake_project: a CMake/Ninja project imported as bgraph actions.
 
 Round 1 runs the project's own configure once, in the sandbox, as a cached action (no
-network): source at /bgraph/src (a writable copy: configures may generate sources into it),
+network), narrowed to the files CMake says it read (the inputs of Ninja's re-run edge: an edit
+to a source file does not re-configure, as with CMake itself): source at /bgraph/src (a writable copy: configures may generate sources into it),
 build directory /bgraph/out, toolchains at fixed paths, so nothing it writes holds a host
 path. The same action asks Ninja for its graph (see ninja_graph.py). Round 2 plans every
 edge the wanted outputs need as actions:
@@ -64,6 +65,11 @@ for index in /bgraph/out/.cmake/api/v1/reply/index-*.json; do mv "$index" /bgrap
 sed -i -E 's/ \([0-9.]+s\)$//' "$log"
 cd /bgraph/out
 "$ninja" -t compdb -x > .bgraph/compdb.json
+# The files the configure read, as CMake itself lists them (the inputs of its re-run edge), as
+# a depfile: the action is narrowed to them (CMake's own rule for when to re-configure).
+"$ninja" -t query build.ninja | sed -n '/^  input:/,/^  outputs:/p' | sed -n 's/^    [|]* *//p' \
+  | sed -n 's|^/bgraph/src/|/bgraph/in/src/|p' | sed 's/ /\\ /g; s/^/ /; s/$/ \\/' \
+  | { echo 'build.ninja: \'; cat; echo; } > .bgraph/configure.d
 "$ninja" -t targets all | sed 's/: [^:]*$//' | tr '\n' '\0' | xargs -0 "$ninja" -t query > .bgraph/query.txt
 # Sources the configure wrote into the tree: everything newer than the inputs' fixed mtime.
 cd /bgraph/src
@@ -140,7 +146,7 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
         "configure", "CmakeConfigure",
         ["/bin/sh", "-c", _CONFIGURE, "configure", cmake, ninja, *(f"-D{k}={v}" for k, v in sorted(cache.items()))],
         inputs={ORIG: source, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}, outputs=["."], env=env,
-        toolchain=toolchain, host=host, memory_mb=2048)]
+        toolchain=toolchain, host=host, memory_mb=2048, narrow=(ORIG,), depfiles=(f"{META}/configure.d",))]
     out = configured.tree
     try:
         graph = load_graph(ctx.read(out.entries[f"{META}/compdb.json"]).decode(),
