@@ -84,6 +84,18 @@ class Rebuilder:
     def __init__(self, cas: LocalCas, ac: LocalActionCache, digester: Digester):
         self.cas, self.ac, self.digester = cas, ac, digester
 
+    def _verified(self, key: str, result: ActionResult) -> Hit | Miss:
+        """A hit if every blob of the cached output is present and sound; else the entry goes."""
+        try:
+            tree = self.cas.get_tree(result.output_tree)
+            bad = self.cas.verify_tree(tree)
+        except (CorruptBlob, StoreError):
+            bad = ["(directory node)"]
+        if not bad:
+            return Hit(result, tree, key)
+        self.ac.remove(key)
+        return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
+
     def check(self, action: Action, previous: dict[str, Any] | None) -> Hit | Miss:
         if action.narrow and action.cacheable:
             return self._check_narrowed(action, previous)
@@ -91,15 +103,7 @@ class Rebuilder:
         description = action.description(self.digester)
         result = self.ac.get(key) if action.cacheable else None
         if result is not None:
-            try:
-                tree = self.cas.get_tree(result.output_tree)
-                bad = self.cas.verify_tree(tree)
-            except (CorruptBlob, StoreError):
-                bad = ["(directory node)"]
-            if not bad:
-                return Hit(result, tree)
-            self.ac.remove(key)
-            return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
+            return self._verified(key, result)
         if previous and previous.get("key") == key:
             return Miss("not in the cache (evicted or corrupted)")
         for _mount, t in action.inputs:  # so the next miss can name the changed files
@@ -209,17 +213,8 @@ class Rebuilder:
             if self._stale(action, entry):
                 continue
             result = self.ac.get(entry["key"])
-            if result is None:
-                continue
-            try:
-                tree = self.cas.get_tree(result.output_tree)
-                bad = self.cas.verify_tree(tree)
-            except (CorruptBlob, StoreError):
-                bad = ["(directory node)"]
-            if not bad:
-                return Hit(result, tree, entry["key"])
-            self.ac.remove(entry["key"])
-            return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
+            if result is not None:
+                return self._verified(entry["key"], result)
         for _mount, t in action.inputs:  # so the next miss can name the changed files
             self.cas.put_tree(t)
         if entries:  # same command and other inputs: name the files it read that changed
