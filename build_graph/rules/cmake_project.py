@@ -88,6 +88,8 @@ class CmakeProjectAttrs(Attrs):
     arch_variable: str = Field("CMAKE_CUDA_ARCHITECTURES",
                                description="cache variable that receives the archs (CMake spells 12.1a as 121a; "
                                            "any other variable gets them as written, ';'-separated)")
+    arch_env: str | None = Field(None, description="environment variable that receives the archs instead, as "
+                                                   "written and ';'-separated (e.g. TORCH_CUDA_ARCH_LIST)")
     build_type: str = Field("Release", description="CMAKE_BUILD_TYPE")
     outputs: list[str] = Field(description="build-directory paths wanted (libraries, executables)")
     ext: dict[str, str] = Field(default_factory=dict, description="name -> label mounted at /bgraph/ext/<name>")
@@ -137,9 +139,13 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
              "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_COMPILER": NVCC,
              "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++", "CUDAToolkit_ROOT": "/bgraph/toolchain",
              "CUDA_TOOLKIT_ROOT_DIR": "/bgraph/toolchain", **a.cache}
-    if a.archs is not None:
-        cache[a.arch_variable] = _arch_value(ctx.arch_sets(a.archs, ctx.where("archs")), a.arch_variable)
     env = {"PATH": f"{CMAKE}/bin:{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", **a.env}
+    if a.archs is not None:
+        archs = ctx.arch_sets(a.archs, ctx.where("archs"))
+        if a.arch_env:
+            env[a.arch_env] = ";".join(archs)
+        else:
+            cache[a.arch_variable] = _arch_value(archs, a.arch_variable)
 
     # Round 1: configure, and Ninja's view of the graph.
     [configured] = yield [ctx.exec_action(

@@ -25,10 +25,15 @@ class CudaToolchainAttrs(Attrs):
     wheels: list[str] = Field(description="pin names: nvidia-cuda-nvcc, -nvvm, -crt, -cccl, -runtime wheels")
     strip_prefix: str = Field("nvidia/cu13", description="directory inside the wheels that becomes the root")
     host: str = Field("//toolchains:host-cc", description="host_tools target giving the host compiler")
+    libraries: str | None = Field(None, description="python_env whose NVIDIA wheels add headers and libraries "
+                                                    "(e.g. torch's CUDA wheels), under libraries_prefix")
+    libraries_prefix: str = Field("nvidia/cu13", description="directory of those wheels holding include/ and lib/")
+    driver_stub: bool = Field(False, description="add lib/stubs/libcuda.so, a link stub for the CUDA driver "
+                                                 "(no PyPI wheel ships it; the real driver is loaded at run time)")
 
 
 def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
-    return labels_in(attrs, "host")
+    return labels_in(attrs, "host", "libraries")
 
 
 def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
@@ -42,7 +47,13 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
     if "bin/nvcc" not in tree.entries:
         raise ctx.fail(f"no bin/nvcc under {ctx.attrs.strip_prefix!r} in the wheels", "wheels")
     # Some wheels lose exec bits; the tools under bin/ must run.
-    tree = tree.with_executable(_is_tool).merged(toolkit_links(tree))
+    tree = tree.with_executable(_is_tool)
+    if ctx.attrs.libraries:
+        # One toolkit prefix, as CMake's (and torch's FindCUDA's) lookups expect; the
+        # toolchain's own files win where both have a path.
+        extra = ctx.dep(ctx.attrs.libraries, "libraries").tree.subtree(ctx.attrs.libraries_prefix)
+        tree = extra.select(["include", "lib"]).overlaid(tree)
+    tree = tree.merged(toolkit_links(tree))
     host = ctx.dep(ctx.attrs.host, "host")
     toolchain = TargetOutput(tree, {"host": host.info})
     [probe] = yield [ctx.exec_action(
@@ -54,6 +65,13 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
     found = m.group(1) if m else "unknown"
     if found != ctx.attrs.version:
         raise ctx.fail(f"the wheels give nvcc {found}, not {ctx.attrs.version}", "version")
+    if ctx.attrs.driver_stub:
+        [stub] = yield [ctx.exec_action(
+            "libcuda.so link stub", "CudaDriverStub",
+            ["/usr/bin/gcc", "-shared", "-nostdlib", "-Wl,-soname,libcuda.so.1", "-Wl,--build-id=none",
+             "-x", "c", "/dev/null", "-o", "lib/stubs/libcuda.so"],
+            inputs={}, outputs=["lib/stubs/libcuda.so"], host=host)]
+        tree = tree.overlaid(stub.tree)
     return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
                         {"version": found, "host": host.info, "nvcc": "bin/nvcc"})
 

@@ -7,6 +7,7 @@ interpreter's identity is part of the key.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 from pydantic import Field, field_validator
@@ -24,7 +25,7 @@ for root, _dirs, names in os.walk(src):
         p = os.path.join(root, n)
         files[os.path.relpath(p, src)] = p
 meta = [f"Metadata-Version: 2.1", f"Name: {dist}", f"Version: {version}"]
-meta += [f"Requires-Dist: {r}" for r in requires.split(",") if r]
+meta += [line for line in requires.split("\n") if line]
 generated = {
     f"{info}/METADATA": ("\n".join(meta) + "\n").encode(),
     f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: bgraph\nRoot-Is-Purelib: false\n"
@@ -62,6 +63,13 @@ class PyWheelAttrs(Attrs):
     libs: dict[str, str] = Field(default_factory=dict,
                                  description="path inside the wheel -> label of a cc_shared_library")
     requires: list[str] = Field(default_factory=list, description="Requires-Dist entries")
+    tree: str | None = Field(None, description="label of a source tree (e.g. a patched sdist) to take files from")
+    include: list[str] = Field(default_factory=list, description="with tree: globs of the paths to take ('vllm/**')")
+    exclude: list[str] = Field(default_factory=list, description="with tree: globs of paths to leave out")
+    metadata_from: str | None = Field(None, description="with tree: a PKG-INFO whose Requires-Dist and "
+                                                        "Requires-Python lines join METADATA; its Version must match")
+    files: dict[str, list[str]] = Field(default_factory=dict,
+                                        description="path inside the wheel -> [label, path in that label's output]")
     pure: bool = Field(False, description="py3-none-any instead of a platform tag")
     tools: str = Field("//toolchains:host", description="host_tools target providing python3")
 
@@ -74,7 +82,7 @@ class PyWheelAttrs(Attrs):
 
 
 def py_wheel_deps(attrs: PyWheelAttrs):
-    return labels_in(attrs, "libs", "tools")
+    return labels_in(attrs, "libs", "tools", "tree") + [("files", v[0]) for v in attrs.files.values() if v]
 
 
 def py_wheel_sources(attrs: PyWheelAttrs):
@@ -84,6 +92,18 @@ def py_wheel_sources(attrs: PyWheelAttrs):
 def wheel_tag(pure: bool, platform: str) -> str:
     """Not manylinux: the libraries link this host's glibc, which no audit has checked."""
     return "py3-none-any" if pure else f"py3-none-linux_{platform}"
+
+
+def _metadata(ctx: RuleContext, tree: Tree, path: str, version: str) -> list[str]:
+    """Requires-Dist / Requires-Python lines of a PKG-INFO, after checking its Version."""
+    entry = tree.entries.get(path)
+    if entry is None:
+        raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "metadata_from")
+    lines = ctx.read(entry).decode(errors="replace").split("\n\n", 1)[0].splitlines()
+    found = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Version:")), None)
+    if found != version:
+        raise ctx.fail(f"{path} says version {found}, the target says {version}", "version")
+    return [line for line in lines if line.startswith(("Requires-Dist:", "Requires-Python:"))]
 
 
 def plan_py_wheel(ctx: RuleContext) -> PlanGen:
@@ -96,11 +116,29 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         if not so:
             raise ctx.fail(f"{label} provides no shared library", "libs")
         content = content.merged(Tree({dest: lib.tree.entries[so]}))
+    requires = [f"Requires-Dist: {r}" for r in a.requires]
+    if a.tree:
+        tree = ctx.dep(a.tree, "tree").tree
+        picked = Tree({p: e for p, e in tree.entries.items()
+                       if any(fnmatch.fnmatchcase(p, g) for g in a.include)
+                       and not any(fnmatch.fnmatchcase(p, g) for g in a.exclude)})
+        if not picked.entries:
+            raise ctx.fail(f"include {a.include} selects nothing from {a.tree}", "include")
+        content = content.merged(picked)
+        if a.metadata_from:
+            requires += _metadata(ctx, tree, a.metadata_from, a.version)
+    for dest, ref in a.files.items():
+        if len(ref) != 2:
+            raise ctx.fail(f"files[{dest!r}] must be [label, path]", "files")
+        out = ctx.dep(ref[0], "files").tree
+        if ref[1] not in out.entries:
+            raise ctx.fail(f"{ref[0]} has no output {ref[1]!r}", "files")
+        content = content.merged(Tree({dest: out.entries[ref[1]]}))
     tag = wheel_tag(a.pure, ctx.platform)
     wheel = f"{a.distribution}-{a.version}-{tag}.whl"
     [built] = yield [ctx.exec_action(
         "wheel " + wheel, "PyWheel",
         ["/usr/bin/python3", "-I", "-S", "-c", WHEEL_SCRIPT, "/bgraph/in/pkg", wheel, a.distribution, a.version,
-         tag, ",".join(a.requires)],
+         tag, "\n".join(requires)],
         inputs={"/bgraph/in/pkg": content}, outputs=[wheel], host=ctx.dep(a.tools, "tools"), memory_mb=256)]
     return TargetOutput(built.tree, {"wheel": wheel})

@@ -8,7 +8,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain, genrule,
-                               host_tools, patched_tree, py_wheel)
+                               host_tools, patched_tree, py_wheel, python_env)
 
 
 def _none(attrs) -> list:
@@ -42,6 +42,7 @@ RULES: dict[str, Rule] = {
                               cc_shared_library.plan_cc_shared_library, cc_shared_library.cc_shared_library_deps),
     "cmake_project": Rule("cmake_project", cmake_project.CmakeProjectAttrs, cmake_project.plan_cmake_project,
                           cmake_project.cmake_project_deps, cmake_project.cmake_project_sources),
+    "python_env": Rule("python_env", python_env.PythonEnvAttrs, python_env.plan_python_env),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
                      py_wheel.py_wheel_sources),
 }
