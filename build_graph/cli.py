@@ -42,8 +42,15 @@ def cmd_build(args, console: Console) -> int:
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
         check_sample=args.check_sample)
-    reporter = RichReporter(console) if not args.json else None
-    engine = Engine(ws, cache_dir(ws, args.cache_dir), options, reporter)
+    cache = cache_dir(ws, args.cache_dir)
+    log_path = None
+    if not args.json:
+        import time
+        log_dir = cache / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / time.strftime("build-%Y%m%d-%H%M%S.log")
+    reporter = RichReporter(console, options.jobs, args.verbose, log_path) if not args.json else None
+    engine = Engine(ws, cache, options, reporter)
     result = engine.build(labels)
     summary = result.summary()
     if not result.failures:
@@ -54,6 +61,8 @@ def cmd_build(args, console: Console) -> int:
         print(json.dumps(summary, indent=1))
     else:
         print_summary(console, summary)
+        if summary["executed"] or summary["failed"]:
+            console.print(f"[dim]executed actions and their reasons: {log_path}[/]", highlight=False)
     if summary["differing"]:
         return 3
     return 0 if summary["ok"] else 1
@@ -163,6 +172,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--check", action="store_true", help="re-execute cached actions and report differing outputs")
     b.add_argument("--check-sample", type=int, metavar="N", help="like --check, for N sampled actions")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
+    b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)
 
     q = sub.add_parser("query", help="deps(X), rdeps(U, X), somepath(A, B), allpaths(A, B), kind(K, X)")

@@ -21,6 +21,7 @@ from build_graph.rules.registry import RULES
 from build_graph.scheduler import Scheduler
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
+from build_graph.store.peaks import Peaks
 from build_graph.store.trace import Trace
 from build_graph.workspace import Workspace, host_platform
 
@@ -35,6 +36,7 @@ class ActionRecord:
     reason: str = ""
     duration_s: float = 0.0
     differs: bool = False
+    peak_mb: int = 0
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Engine:
         self.cas = LocalCas(cache_dir, self.digester)
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         self.trace = Trace(self.cas.base, self.cas.tmp)
+        self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
         self.graph = build_graph(ws)
         self._sandbox = None
@@ -225,6 +228,7 @@ class _BuildRun:
         finally:
             self.e.reporter.finish()
             self.e.cas.save_stamps()
+            self.e.peaks.save()
         self.scheduler.join()
         if not self.failures and self.remaining:
             self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, self.remaining))))
@@ -298,7 +302,8 @@ class _BuildRun:
             else:
                 reason, cached = "--check: re-executing to compare outputs", decision.tree
             e.reporter.action_started(label, action)
-            fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), action.memory_mb)
+            budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
+            fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), budget)
             self.inflight[fut] = (label, slot, action, reason, cached)
             state.running += 1
         if state.plan.output is not None and not state.running:
@@ -326,7 +331,8 @@ class _BuildRun:
         tree, result, key = fut.result()
         differs = cached_tree is not None and tree != cached_tree
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
-                                         result.duration_s, differs))
+                                         result.duration_s, differs, result.peak_mb))
+        self.e.peaks.record(f"{label} {action.name}", result.peak_mb)
         self.dirty.add(label)
         state.executed_any = True
         if self.stopping:

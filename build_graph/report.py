@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any, Iterable
 
 from rich.console import Console
@@ -16,13 +17,17 @@ from build_graph.model import Action
 
 
 class RichReporter:
-    """done/total targets, cache hits, running actions; one line per executed or failed action."""
+    """One live line: targets done/total, actions done (ran / cached), what is running, and an
+    ETA for the work already queued (from the mean time of each kind of step so far). Each
+    executed action's line goes to the log file, and to the screen only with --verbose."""
 
-    def __init__(self, console: Console):
-        self.console = console
-        self.running: dict[int, str] = {}
+    def __init__(self, console: Console, jobs: int = 1, verbose: bool = False, log_path: Path | None = None):
+        self.console, self.jobs, self.verbose = console, max(jobs, 1), verbose
+        self.log = open(log_path, "w") if log_path else None
+        self.running: dict[int, tuple[str, str]] = {}  # id(action) -> (name, mnemonic)
         self.hits = 0
         self.executed = 0
+        self.took: dict[str, list[float]] = {}  # mnemonic -> durations of executed actions
         self.lock = threading.Lock()
         self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -33,28 +38,47 @@ class RichReporter:
         self.progress.start()
         self.task = self.progress.add_task("targets", total=total_targets, status="")
 
+    def eta_s(self) -> float | None:
+        """Seconds to finish the queued and running actions at the mean pace of their kinds."""
+        known = [m for _n, m in self.running.values() if m in self.took]
+        if not known:
+            return None
+        return sum(sum(self.took[m]) / len(self.took[m]) for m in known) / self.jobs
+
     def _refresh(self) -> None:
-        running = list(self.running.values())
-        status = f"executed {self.executed}, hits {self.hits}, running {len(running)}"
-        if running:
-            status += ": " + ", ".join(running[:3]) + (" …" if len(running) > 3 else "")
+        names = [n for n, _m in self.running.values()]
+        status = (f"actions {self.executed + self.hits} done ({self.executed} ran, {self.hits} cached), "
+                  f"{len(names)} queued or running")
+        eta = self.eta_s()
+        if eta is not None:
+            status += f", ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+        if names:
+            status += ": " + escape(", ".join(names[:2]))[:120] + (" …" if len(names) > 2 else "")
         self.progress.update(self.task, status=status)
 
     def action_started(self, label: Label, action: Action) -> None:
         with self.lock:
-            self.running[id(action)] = action.name
+            self.running[id(action)] = (action.name, action.mnemonic)
             self._refresh()
 
     def action_done(self, record) -> None:
         with self.lock:
-            self.running = {k: v for k, v in self.running.items() if v != record.name}
+            self.running = {k: v for k, v in self.running.items() if v[0] != record.name}
             if record.status in ("hit", "cutoff"):
                 self.hits += 1
             elif record.status == "executed":
                 self.executed += 1
-                self.console.print(f"[green]ran[/] {record.label} [dim]{escape(record.name)}[/] "
-                                   f"({record.duration_s:.2f}s) [dim]— {escape(record.reason)}[/]", highlight=False)
+                self.took.setdefault(record.mnemonic, []).append(record.duration_s)
+                line = f"ran {record.label} {record.name} ({record.duration_s:.2f}s) — {record.reason}"
+                if self.log:
+                    self.log.write(line + "\n")
+                    self.log.flush()
+                if self.verbose:
+                    self.console.print(f"[green]ran[/] {record.label} [dim]{escape(record.name)}[/] "
+                                       f"({record.duration_s:.2f}s) [dim]— {escape(record.reason)}[/]", highlight=False)
             elif record.status == "failed":
+                if self.log:
+                    self.log.write(f"FAILED {record.label} {record.name}\n")
                 self.console.print(f"[red]FAILED[/] {record.label} {escape(record.name)}", highlight=False)
             self._refresh()
 
@@ -63,6 +87,8 @@ class RichReporter:
 
     def finish(self) -> None:
         self.progress.stop()
+        if self.log:
+            self.log.close()
 
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:

@@ -114,9 +114,15 @@ class BwrapRunner:
                                         start_new_session=True)
                 with self._lock:
                     self._procs.add(proc)
+                sampler = PeakSampler(proc.pid)
+                sampler.start()
                 try:
-                    code = proc.wait()
+                    _pid, status, usage = os.wait4(proc.pid, 0)
+                    proc.returncode = code = os.waitstatus_to_exitcode(status)
+                    sampler.stop()
+                    peak_mb = max(usage.ru_maxrss, sampler.peak_kb) // 1024
                 finally:
+                    sampler.stop()
                     with self._lock:
                         self._procs.discard(proc)
             duration = time.monotonic() - start
@@ -140,7 +146,7 @@ class BwrapRunner:
             result = ActionResult(
                 output_tree=self.cas.put_tree(tree), exit_code=0,
                 stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
-                duration_s=round(duration, 3), output_entries=len(tree))
+                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb)
             return tree, result
         finally:
             rmtree(work)
@@ -155,6 +161,44 @@ class BwrapRunner:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class PeakSampler(threading.Thread):
+    """The peak memory of a process tree, for the scheduler to learn. wait4's ru_maxrss stops at
+    bwrap's PID namespace (its init does not pass its children's usage on), so the tree below
+    `pid` is sampled: each process's high-water mark (VmHWM, which sampling cannot miss for a
+    long-lived compiler) and the sum of current RSS (parallel processes)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25):
+        super().__init__(daemon=True)
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_kb = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self.peak_kb = max(self.peak_kb, _tree_memory_kb(self.pid))
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _tree_memory_kb(root: int) -> int:
+    hwm, rss, todo = 0, 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        hwm = max(hwm, int(line.split()[1]))
+                    elif line.startswith("VmRSS:"):
+                        rss += int(line.split()[1])
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue  # the process ended meanwhile
+    return max(hwm, rss)
 
 
 def _stage(out_dir: Path, tree: Tree, mount: str) -> None:

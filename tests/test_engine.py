@@ -481,3 +481,21 @@ def test_ctrl_c_leaves_the_store_consistent(make_ws):
     assert ws.ac_entries() == before
     assert not list((ws.cache / "v1" / "tmp").glob("act-*"))
     assert ws.build("//p:fast").json["executed"] == 0
+
+
+# -- memory: learned peaks ----------------------------------------------------------------------------
+@requires_bwrap
+def test_peak_memory_is_measured_and_learned(make_ws):
+    ws = make_ws({"targets/p.toml": '''[big]
+kind = "genrule"
+outs = ["o.txt"]
+memory_mb = 8000
+cmd = "/usr/bin/python3 -c 'b = bytearray(300 << 20); b[::4096] = b\\"x\\" * len(b[::4096])' && echo ok > $OUT/o.txt"
+'''})
+    run = ws.build("//p:big")
+    assert run.rc == 0, run.output
+    peak = action(run.json, "//p:big")["peak_mb"]
+    assert 300 <= peak < 1000  # the grandchild's 300 MiB, seen through bwrap's process tree
+    from build_graph.store.peaks import Peaks
+    learned = Peaks(ws.store, ws.store).budget("//p:big genrule", 8000)
+    assert learned == int(peak * 1.25)  # the next build budgets what it measured, not the declared 8000
