@@ -7,11 +7,15 @@ import json
 import os
 from pathlib import Path
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from build_graph.errors import BgraphError
 from build_graph.labels import expand, parse_label
-from build_graph.workspace import Workspace, find_root, load
+
+if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fast
+    from rich.console import Console
+
+    from build_graph.workspace import Workspace
 
 
 def cache_dir(ws: Workspace, flag: str | None) -> Path:
@@ -27,6 +31,8 @@ def default_max_mem_mb() -> int:
 
 
 def _workspace(args) -> Workspace:
+    from build_graph.workspace import find_root, load
+
     root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
     return load(root)
 
@@ -52,7 +58,12 @@ def cmd_build(args, console: Console) -> int:
     reporter = RichReporter(console, options.jobs, args.verbose, log_path) if not args.json else None
     engine = Engine(ws, cache, options, reporter)
     result = engine.build(labels)
+    compared = None
+    if args.check_against:
+        _differing, compared = engine.compare_with(result, Path(os.path.expanduser(args.check_against)))
     summary = result.summary()
+    if compared is not None:
+        summary["compared_with_other_cache"] = compared
     if not result.failures:
         summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
     for err in result.failures:
@@ -61,6 +72,9 @@ def cmd_build(args, console: Console) -> int:
         print(json.dumps(summary, indent=1))
     else:
         print_summary(console, summary)
+        if compared is not None:
+            console.print(f"compared {compared} action(s) with {args.check_against}: "
+                          f"{len(summary['differing'])} differing", highlight=False)
         if summary["executed"] or summary["failed"]:
             console.print(f"[dim]executed actions and their reasons: {log_path}[/]", highlight=False)
     if summary["differing"]:
@@ -70,6 +84,8 @@ def cmd_build(args, console: Console) -> int:
 
 def _stdout() -> Console:
     """Where query, why and explain print their results (stderr is for progress and errors)."""
+    from rich.console import Console
+
     return Console(emoji=False, soft_wrap=True)
 
 
@@ -171,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("-k", "--keep-going", action="store_true", help="build what can be built after a failure")
     b.add_argument("--check", action="store_true", help="re-execute cached actions and report differing outputs")
     b.add_argument("--check-sample", type=int, metavar="N", help="like --check, for N sampled actions")
+    b.add_argument("--check-against", metavar="CACHE_DIR",
+                   help="compare every action's output with the result another cache holds for the same key")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)
@@ -201,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]
+    from rich.console import Console
+
     # No emoji codes: "//p:a: ..." would print as "//p🅰 ...".
     console = Console(stderr=True, emoji=False, soft_wrap=True)
     try:

@@ -173,3 +173,7 @@ def test_relocatable_across_workspaces_and_caches(tmp_path, ws):
         a = (ws.root / "bgraph-out" / "demo" / "lib" / name).read_bytes()
         b = (other.root / "bgraph-out" / "demo" / "lib" / name).read_bytes()
         assert a == b, name
+    # Every action's output, not only the wanted ones: against the other cache, key by key.
+    checked = other.build(LABEL, args=("--check-against", str(ws.cache)))
+    assert checked.rc == 0 and checked.json["differing"] == []
+    assert checked.json["compared_with_other_cache"] == len(second["actions"])

@@ -499,3 +499,24 @@ cmd = "/usr/bin/python3 -c 'b = bytearray(300 << 20); b[::4096] = b\\"x\\" * len
     from build_graph.store.peaks import Peaks
     learned = Peaks(ws.store, ws.store).budget("//p:big genrule", 8000)
     assert learned == int(peak * 1.25)  # the next build budgets what it measured, not the declared 8000
+
+
+@requires_bwrap
+def test_check_against_another_cache_names_a_nondeterministic_action(make_ws, tmp_path):
+    files = {"targets/p.toml": '''[stable]
+kind = "genrule"
+outs = ["s.txt"]
+cmd = "echo same > $OUT/s.txt"
+
+[random]
+kind = "genrule"
+outs = ["r.txt"]
+cmd = "cat /proc/sys/kernel/random/uuid > $OUT/r.txt"
+'''}
+    first = make_ws(files)
+    second = make_ws(files)
+    assert first.build("//p:all").rc == 0 and second.build("//p:all").rc == 0
+    run = second.build("//p:all", args=("--check-against", str(first.cache)))
+    assert run.rc == 3
+    assert run.json["differing"] == ["//p:random genrule"]
+    assert run.json["compared_with_other_cache"] == 2
