@@ -195,6 +195,7 @@ class _TargetState:
 
     plan: TargetPlan
     previous: dict[str, Any]  # action name -> what the last build recorded (to explain misses)
+    recorded: dict[str, Any]  # the whole trace the last build left
     trace_actions: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
@@ -290,7 +291,8 @@ class _BuildRun:
                 sources = Tree({p: e.cas.put_file(e.ws.root / p) for paths in expanded.values() for p in paths})
                 plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
-                self.targets[label] = _TargetState(plan, e.trace.load(str(label)).get("actions", {}))
+                recorded = e.trace.load(str(label))
+                self.targets[label] = _TargetState(plan, recorded.get("actions", {}), recorded)
                 self._dispatch(label, plan.start())
             except BgraphError as err:
                 self._fail(label, err)
@@ -326,7 +328,9 @@ class _BuildRun:
             state.running += 1
         if state.plan.output is not None and not state.running:
             self.outputs[label] = state.plan.output
-            e.trace.save(str(label), {"actions": state.trace_actions, "last_build": state.records})
+            trace = {"actions": state.trace_actions, "last_build": state.records}
+            if trace != state.recorded:  # a no-op build rewrites no trace file
+                e.trace.save(str(label), trace)
             del self.targets[label]
             e.reporter.target_done(label)
 

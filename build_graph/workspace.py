@@ -165,6 +165,20 @@ class Workspace:
         return list(spec)
 
 
+_HEADER = re.compile(r'^\s*\[\s*(?:"([^"]+)"|([^\]\[]+?))\s*\]\s*(?:#.*)?$')
+
+
+def table_lines(text: str) -> dict[str, int]:
+    """[table] -> the line it starts on, for the whole file in one pass (loading stays linear)."""
+    lines: dict[str, int] = {}
+    for i, line in enumerate(text.splitlines()):
+        m = _HEADER.match(line)
+        if m:
+            name = m.group(1) if m.group(1) is not None else re.sub(r"\s*\.\s*", ".", m.group(2))
+            lines.setdefault(name, i + 1)
+    return lines
+
+
 def _line_of(text: str, table: str | None, key: str | None) -> int | None:
     """Best-effort line of `key` inside `[table]` (tomllib reports lines only for syntax errors)."""
     lines = text.splitlines()
@@ -258,8 +272,9 @@ def load(root: Path) -> Workspace:
         if package in packages:
             raise LoadError(f"package //{package} is declared twice (also in {packages[package]})", where=rel.as_posix())
         packages[package] = rel.as_posix()
+        starts = table_lines(text)
         for name, table in data.items():
-            loc = where(rel.as_posix(), name, None, _line_of(text, name, None))
+            loc = where(rel.as_posix(), name, None, starts.get(name))
             if not isinstance(table, dict):
                 raise LoadError("a target must be a table ([name] with kind = ...)", where=loc)
             label = parse_label(f"//{package}:{name}", where=loc)

@@ -122,6 +122,17 @@ class LocalCas:
             digest = h.hexdigest()
             self._install(path, digest, st.st_size)
             return FileEntry(digest, st.st_size, executable)
+        if st.st_size <= CHUNK:  # small files (most sources): hash first, copy only if new
+            with open(path, "rb") as src:
+                data = src.read()
+            if len(data) == st.st_size:
+                entry = FileEntry(self.digester.of(data), len(data), executable)
+                if not self.verify(entry):
+                    fd, tmp = tempfile.mkstemp(dir=self.tmp)
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    self._install(tmp, entry.digest, len(data))
+                return entry
         fd, tmp = tempfile.mkstemp(dir=self.tmp)
         size = 0
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Check a built vLLM wheel the way a user would use it (issue 9, item 6), and print the figures
+BENCHMARKS.md records: the wheel's sha256, its extension libraries and their cubins.
+
+1. a fresh venv with torch 2.14.0 (from the package index pip is configured with);
+   `pip install --no-deps` of the wheel; `import vllm` and its version;
+2. every extension library loads into torch and `torch.ops._C` holds `scaled_fp4_quant`. This
+   machine has no GPU and so no driver: the libraries link libcuda.so.1, so a stand-in that
+   defines the driver functions they import (each returning CUDA_ERROR_UNKNOWN) is put on
+   LD_LIBRARY_PATH; nothing calls them;
+3. `cuobjdump --list-elf` (bgraph's //toolchains:cuobjdump) of each library: the cubin archs.
+
+Usage: python3 bench/vllm_wheel_check.py [--wheel-label //wheels:vllm-sm121] [--venv DIR] [--expect sm_121a]
+       [--refuse sm_120a]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sh(argv, **kw) -> str:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(map(str, argv))}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def fake_driver(libs: list[Path], work: Path) -> Path:
+    """A libcuda.so.1 defining every cu* function the libraries import (returns 999)."""
+    names = set()
+    for lib in libs:
+        for line in sh(["nm", "-D", "--undefined-only", lib]).splitlines():
+            sym = line.split()[-1].split("@")[0]
+            if re.fullmatch(r"cu[A-Z]\w*", sym):
+                names.add(sym)
+    src = work / "fakecuda.c"
+    src.write_text("".join(f"int {n}(void) {{ return 999; }}\n" for n in sorted(names)))
+    out = work / "fakecuda" / "libcuda.so.1"
+    out.parent.mkdir()
+    sh(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", src, "-o", out])
+    return out.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wheel-label", default="//wheels:vllm-sm121")
+    ap.add_argument("--venv", help="reuse this venv (created with torch 2.14.0 if missing)")
+    ap.add_argument("--expect", default="sm_121a")
+    ap.add_argument("--refuse", default="sm_120a")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
+    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", REPO, "build", "--json", args.wheel_label,
+                         "//toolchains:cuobjdump"]))
+    wheel_dir = Path(out["outputs"][args.wheel_label])
+    [wheel] = list(wheel_dir.glob("*.whl"))
+    cuobjdump = Path(out["outputs"]["//toolchains:cuobjdump"]) / "bin" / "cuobjdump"
+    report = {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+              "size_mb": round(wheel.stat().st_size / 2**20, 1)}
+
+    venv = Path(args.venv) if args.venv else work / "venv"
+    if not (venv / "bin" / "python").exists():
+        sh([sys.executable, "-m", "venv", venv])
+        sh([venv / "bin" / "pip", "install", "-q", "torch==2.14.0"])
+    py = venv / "bin" / "python"
+    sh([venv / "bin" / "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel])
+    site = Path(sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+    libs = sorted((site / "vllm").glob("*.so"))
+    report["libraries"] = [lib.name for lib in libs]
+    driver = fake_driver(libs, work)
+    probe = (
+        "import json, torch, vllm, sys\n"
+        "for lib in sys.argv[1:]: torch.ops.load_library(lib)\n"
+        "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__,"
+        " 'scaled_fp4_quant': hasattr(torch.ops._C, 'scaled_fp4_quant'),"
+        " 'ops_in__C': len([n for n in dir(torch.ops._C) if not n.startswith('_')])}))\n")
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(driver), "HOME": str(work)}
+    loaded = json.loads(sh([py, "-c", probe, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
+                           cwd=work).strip().splitlines()[-1])
+    report.update(loaded)
+    cubins = {}
+    for lib in libs:
+        listed = subprocess.run([cuobjdump, "--list-elf", lib], capture_output=True, text=True).stdout
+        cubins[lib.name] = sorted(set(re.findall(r"sm_\d+[af]?", listed)))
+    report["cubin_archs"] = cubins
+    ok = (loaded["scaled_fp4_quant"] and loaded["vllm"].startswith("0.33.0")
+          and any(args.expect in c for c in cubins.values())
+          and not any(args.refuse in c for c in cubins.values()))
+    report["ok"] = bool(ok)
+    print(json.dumps(report, indent=1))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
