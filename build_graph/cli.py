@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from build_graph.errors import BgraphError
+from build_graph.errors import BgraphError, disk_full
 from build_graph.labels import expand, parse_label
 
 if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fast
@@ -227,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args, console)
     except BgraphError as e:
         console.print("[red]error:[/] " + _escape(e.render()), highlight=False)
+        return 2
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        cache = getattr(args, "cache_dir", None) or os.environ.get("BGRAPH_CACHE") or "~/.cache/bgraph"
+        console.print("[red]error:[/] " + _escape(disk_full(os.path.expanduser(cache)).render()), highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the store is consistent; finished actions are cached")

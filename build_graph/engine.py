@@ -3,6 +3,7 @@ scheduler, store results, record reasons in the trace, and tell the reporter."""
 
 from __future__ import annotations
 
+import errno
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from build_graph import archive
-from build_graph.errors import ActionFailed, BgraphError
+from build_graph.errors import ActionFailed, BgraphError, disk_full
 from build_graph.graph import build_graph, deps as graph_deps
 from build_graph.labels import Label, parse_label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
@@ -98,6 +99,7 @@ class Engine:
         self.options = options or BuildOptions()
         self.reporter = reporter or NullReporter()
         self.digester = Digester(ws.digest_function)
+        self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         self.trace = Trace(self.cas.base, self.cas.tmp)
@@ -344,7 +346,9 @@ class _BuildRun:
         key = action.key(self.e.digester)
         err = fut.exception()
         if err is not None:
-            if not isinstance(err, BgraphError):
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                err = disk_full(self.e.cache_dir)
+            elif not isinstance(err, BgraphError):
                 err = ActionFailed(f"{type(err).__name__}: {err}", where=action.name)
             err.where = f"{label} {action.name}" if not err.where else f"{label}: {err.where}"
             self._record(None, ActionRecord(str(label), action.name, action.mnemonic, key, "failed", reason))

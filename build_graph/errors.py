@@ -69,3 +69,17 @@ def where(file: str | None = None, table: str | None = None, key: str | None = N
     if key:
         parts.append(f"key '{key}'")
     return " ".join(parts)
+
+
+def disk_full(cache_dir) -> StoreError:
+    """The one-line error for ENOSPC under the cache: where, how much is free, what to do."""
+    import os
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(cache_dir).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return StoreError(f"no space left in the cache directory {os.fspath(cache_dir)} ({free})",
+                      hint="free disk space there, or build with --cache-dir on a larger disk; "
+                           "nothing partial was stored")

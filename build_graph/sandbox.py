@@ -8,6 +8,7 @@ namespace), its own PID namespace (nvcc names temp files after its PID), a clean
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
 
+LOW_SPACE = 16 << 20  # below this much free space, a failed action is reported as a full disk
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 
 
@@ -130,6 +132,10 @@ class BwrapRunner:
             stdout = stdout_path.read_bytes()
             if self.stopping:
                 raise ActionFailed("interrupted", where=action.name)
+            if code != 0 and shutil.disk_usage(work).free < LOW_SPACE:
+                # The action wrote its outputs (and we its stderr) on the cache's disk, which is
+                # full: its own error text is lost or misleading; say what happened.
+                raise OSError(errno.ENOSPC, "no space left in the cache directory")
             if code != 0:
                 raise ActionFailed(f"exited with status {code}\n{_tail(stdout + stderr)}", where=action.name)
             for o in action.outputs:

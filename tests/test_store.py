@@ -280,3 +280,29 @@ def test_materialize_never_writes_through_symlinks(cas, tmp_path):
         cas.materialize(tree)
     assert not list(tmp_path.rglob("escaped"))
     assert leftovers(cas) == []
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+@pytest.fixture
+def tiny_cache(tmp_path):
+    """A 4 MiB tmpfs as the cache directory (needs root, as CI runs)."""
+    import os
+    import subprocess
+    path = tmp_path / "tiny-cache"
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)]).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield path
+    subprocess.run(["umount", str(path)])
+
+
+@requires_bwrap
+def test_full_cache_disk_gives_one_line_and_leaves_no_staging(make_ws, tiny_cache):
+    ws = make_ws({"targets/p.toml": '[big]\nkind = "genrule"\nouts = ["big.bin"]\n'
+                                    'cmd = "head -c 6000000 /dev/zero > $OUT/big.bin"\n'}, cache=tiny_cache)
+    for _ in range(2):  # the second build starts over a cache the first one filled
+        run = ws.cli("build", "//p:big")
+        assert run.rc == 1
+        assert f"no space left in the cache directory {tiny_cache}" in run.output
+        assert "MiB free" in run.output and "Traceback" not in run.output
+        assert [p.name for p in (tiny_cache / "v1" / "tmp").iterdir()] == []  # staging removed

@@ -16,6 +16,8 @@ and reported as missing, so the action that made it runs again.
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import json
 import logging
 import os
@@ -64,6 +66,12 @@ def rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=onerror)
 
 
+def _drop_staging(path: Path, fd: int) -> None:
+    rmtree(path)
+    Path(f"{path}.lock").unlink(missing_ok=True)
+    os.close(fd)
+
+
 class LocalCas:
     """Blobs and Merkle directories by digest, with atomic writes and verified reads."""
 
@@ -73,14 +81,42 @@ class LocalCas:
         self.blobs = self.base / "cas"
         self.dirs = self.base / "dirs"
         self.trees = self.base / "trees"
-        self.tmp = Path(cache_dir) / LAYOUT_VERSION / "tmp"
-        for d in (self.blobs, self.dirs, self.trees, self.tmp):
+        staging = Path(cache_dir) / LAYOUT_VERSION / "tmp"
+        for d in (self.blobs, self.dirs, self.trees, staging):
             d.mkdir(parents=True, exist_ok=True)
+        self.tmp = self._lease_staging(staging)
         self._verified: set[str] = set()
         self._stamps = self._load_stamps()
         self._stored_trees: set[str] = set()
         self._exec_lock = threading.Lock()  # root digests whose nodes this process has written
         self._stamps_dirty = False
+
+    @staticmethod
+    def _lease_staging(staging: Path) -> Path:
+        """This process's own staging directory, held by a lock for its lifetime (a lease).
+        Staging that a killed or failed build left behind (its lock is free) is removed now;
+        a running build's is never touched."""
+        for lock in staging.glob("*.lock"):
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # a live build holds it
+            rmtree(lock.with_suffix(""))
+            lock.unlink(missing_ok=True)
+            os.close(fd)
+        mine = Path(tempfile.mkdtemp(dir=staging, prefix=f"{os.getpid()}-"))
+        fd = os.open(f"{mine}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when this process exits, however it exits
+        LocalCas._leases.append(fd)
+        atexit.register(_drop_staging, mine, fd)
+        return mine
+
+    _leases: list[int] = []
 
     # -- blobs -------------------------------------------------------------------------
     def blob_path(self, digest: str) -> Path:
