@@ -56,6 +56,20 @@ def probe_host_tools(paths: tuple[str, ...], digester) -> tuple[HostTool, ...]:
     return tuple(tools)
 
 
+MAX_MOUNTS = 256  # bwrap takes at most 9,000 arguments; one input mount costs three
+
+
+def coalesced_mounts(inputs: tuple[tuple[str, Tree], ...]) -> list[tuple[str, Tree]]:
+    """The input mounts, with the /bgraph/in/<name> ones merged into one tree at /bgraph/in when
+    there are too many for bwrap (a target with thousands of dependencies). The sandbox shows
+    the same paths either way."""
+    if len(inputs) <= MAX_MOUNTS:
+        return list(inputs)
+    under = [(m, t) for m, t in inputs if m.startswith("/bgraph/in/")]
+    merged = Tree().merged(*(t.prefixed(m[len("/bgraph/in/"):]) for m, t in under))
+    return [(m, t) for m, t in inputs if not m.startswith("/bgraph/in/")] + [("/bgraph/in", merged)]
+
+
 class BwrapRunner:
     """Runs exec actions under bubblewrap, storing declared outputs into the CAS."""
 
@@ -77,7 +91,7 @@ class BwrapRunner:
             for link in ("bin", "lib", "lib64", "sbin"):
                 if os.path.islink(f"/{link}"):
                     args += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-        for mount, tree in action.inputs:
+        for mount, tree in coalesced_mounts(action.inputs):
             args += ["--ro-bind", str(self.cas.materialize(tree)), mount]
         args += ["--bind", str(out_dir), "/bgraph/out", "--chdir", action.cwd]
         for k, v in action.env:

@@ -266,3 +266,14 @@ def test_stdin_is_open_and_empty(make_ws):
     run = ws.build("//p:a")
     assert run.rc == 0, run.stderr
     assert ws.read_output("//p:a", "o") == "rc=0\n"
+
+
+def test_many_input_mounts_are_merged_into_one():
+    from build_graph.model import FileEntry, Tree
+    from build_graph.sandbox import MAX_MOUNTS, coalesced_mounts
+    f = FileEntry("a" * 64, 1)
+    inputs = tuple((f"/bgraph/in/d{i}", Tree({"o.txt": f})) for i in range(MAX_MOUNTS + 1)) + (("/bgraph/src", Tree({"s": f})),)
+    mounts = coalesced_mounts(inputs)
+    assert [m for m, _ in mounts] == ["/bgraph/src", "/bgraph/in"]
+    assert mounts[1][1].entries["d7/o.txt"] == f and len(mounts[1][1]) == MAX_MOUNTS + 1
+    assert coalesced_mounts(inputs[:3]) == list(inputs[:3])  # few mounts: unchanged
