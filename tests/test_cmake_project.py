@@ -175,5 +175,5 @@ def test_relocatable_across_workspaces_and_caches(tmp_path, ws):
         assert a == b, name
     # Every action's output, not only the wanted ones: against the other cache, key by key.
     checked = other.build(LABEL, args=("--check-against", str(ws.cache)))
-    assert checked.rc == 0 and checked.json["differing"] == []
+    assert checked.rc == 0 and checked.json["differing"] == [], checked.json["differing"]
     assert checked.json["compared_with_other_cache"] == len(second["actions"])

@@ -109,7 +109,7 @@ def test_rich_output_survives_markup_in_commands(make_ws):
     ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo one > o"\n'})
     assert ws.cli("build", "//p:a").rc == 0
     ws.write({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo \'[/x] [bold]\' > o"\n'})
-    run = ws.cli("build", "//p:a")  # the human reporter, not --json
+    run = ws.cli("build", "-v", "//p:a")  # the human reporter (executed actions shown), not --json
     assert run.rc == 0, run.stderr
     assert "Traceback" not in run.stderr
     assert "[/x] [bold]" in run.stderr

@@ -13,6 +13,10 @@ edge the wanted outputs need as actions:
 - link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
   build directory.
 
+The CMake file API is not queried: its replies list a target's dependencies in an order that
+varies from run to run (the configure would not be reproducible), and Ninja's tools already
+give every edge with its command.
+
 Every edge runs with the build directory staged into /bgraph/out (symlinks into a read-only
 mount), so its command runs verbatim, as Ninja would run it.
 """
@@ -39,9 +43,8 @@ NVCC = "/bgraph/toolchain/bin/nvcc"
 # configure tried (there is no network) is named.
 _CONFIGURE = r"""set -e
 cmake=$1; ninja=$2; shift 2
-mkdir -p /bgraph/src /bgraph/out/.bgraph /bgraph/out/.cmake/api/v1/query
+mkdir -p /bgraph/src /bgraph/out/.bgraph
 cp -a /bgraph/in/src/. /bgraph/src/
-: > /bgraph/out/.cmake/api/v1/query/codemodel-v2
 log=/bgraph/out/.bgraph/configure.log
 if ! "$cmake" -G Ninja -S /bgraph/src -B /bgraph/out "-DCMAKE_MAKE_PROGRAM=$ninja" "$@" > "$log" 2>&1; then
   url=$(grep -oE "(https?|git|ssh)://[^ '\";)]+" "$log" | head -n 1)
@@ -61,7 +64,6 @@ if ! "$cmake" -G Ninja -S /bgraph/src -B /bgraph/out "-DCMAKE_MAKE_PROGRAM=$ninj
 fi >&2
 # Keep the outputs reproducible: the configure log's timestamps and durations go.
 rm -f /bgraph/out/CMakeFiles/CMakeConfigureLog.yaml
-for index in /bgraph/out/.cmake/api/v1/reply/index-*.json; do mv "$index" /bgraph/out/.cmake/api/v1/reply/index.json; done
 sed -i -E 's/ \([0-9.]+s\)$//' "$log"
 cd /bgraph/out
 "$ninja" -t compdb -x > .bgraph/compdb.json
