@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Benchmark: incremental rebuilds of //wheels:vllm-sm121 (issue 9, item 9), on a copy of the
+workspace (`git archive` of --rev) and the user's cache, which must hold a full build.
+
+  (a) no-op rebuild of the wheel
+  (b) a Python-only patch (a line added to vllm/envs.py, as a patch under patches/vllm/): the
+      number of compile-side actions run (goal 0) and the wall time of the new wheel
+  (c) a patch to csrc/quantization/fp4/nvfp4_utils.cuh (a constexpr added in namespace vllm):
+      which TUs and which steps re-run, and the wall time
+Each step starts from the previous one's patches removed (the cache makes that a no-op).
+
+Not measured here yet: (d) 12.1a -> 12.1a + 12.0a, and (e) vLLM's own `pip wheel` build with
+ccache, each about another hour on 2 cores.
+
+Usage: python3 bench/vllm_incremental.py [--rev HEAD] [--cache ~/.cache/bgraph] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WHEEL = "//wheels:vllm-sm121"
+COMPILE_MNEMONICS = ("CudaHostPreprocess", "CudaDevicePreprocess", "CudaFrontend", "CudaCicc", "CudaPtxas",
+                     "CudaHostCompile", "CmakeCompile")
+
+
+def snapshot(rev: str) -> Path:
+    ws = Path(tempfile.mkdtemp(prefix="vllm-incr-"))
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(ws, filter="data")
+    return ws
+
+
+def build(ws: Path, cache: Path) -> tuple[float, dict]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "build", "-j2",
+                           "--json", WHEEL], capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall, json.loads(proc.stdout)
+
+
+def source_file(cache: Path, ws: Path, path: str) -> str:
+    """A file of the patched vLLM tree, as the build sees it (through the built target)."""
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "build", "--json",
+                           "//sources:vllm-patched"], capture_output=True, text=True, check=True)
+    root = Path(json.loads(proc.stdout)["outputs"]["//sources:vllm-patched"])
+    return (root / path).read_text()
+
+
+def add_patch(ws: Path, name: str, path: str, before: str, after: str, why: str) -> None:
+    diff = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                f"a/{path}", f"b/{path}")
+    (ws / "patches" / "vllm" / name).write_text(why + "\n\n" + "".join(diff))
+
+
+def ran(summary: dict) -> list[str]:
+    return sorted(a["name"] for a in summary["actions"]
+                  if a["status"] == "executed" and a["mnemonic"] in COMPILE_MNEMONICS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rev", default="HEAD")
+    ap.add_argument("--cache", default=os.environ.get("BGRAPH_CACHE", "~/.cache/bgraph"))
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+    cache = Path(os.path.expanduser(args.cache))
+    ws = snapshot(args.rev)
+    result = {}
+    build(ws, cache)  # settle (the snapshot's first build re-plans everything from the cache)
+
+    wall, summary = build(ws, cache)
+    result["a_noop"] = {"wall_s": round(wall, 2), "executed": summary["executed"]}
+
+    envs = source_file(cache, ws, "vllm/envs.py")
+    add_patch(ws, "9001-bench-python-only.patch", "vllm/envs.py", envs, envs + "# bgraph bench: Python only\n",
+              "Benchmark (b): a Python-only change.")
+    wall, summary = build(ws, cache)
+    result["b_python_patch"] = {"wall_s": round(wall, 2), "executed": summary["executed"],
+                                "compile_side": ran(summary)}
+    (ws / "patches" / "vllm" / "9001-bench-python-only.patch").unlink()
+    build(ws, cache)
+
+    utils = source_file(cache, ws, "csrc/quantization/fp4/nvfp4_utils.cuh")
+    changed = utils.replace("namespace vllm {", "namespace vllm {\nconstexpr int kBgraphBenchMarker = 1;", 1)
+    add_patch(ws, "9002-bench-nvfp4-utils.patch", "csrc/quantization/fp4/nvfp4_utils.cuh", utils, changed,
+              "Benchmark (c): a change to the FP4 utilities header.")
+    wall, summary = build(ws, cache)
+    steps = ran(summary)
+    result["c_header_patch"] = {
+        "wall_s": round(wall, 2), "executed": summary["executed"], "compile_side": len(steps),
+        "tus": sorted({s.split()[1] for s in steps}),
+        "by_step": {k: sum(1 for s in steps if s.startswith(k + " ")) for k in
+                    ("hostpp", "devpp", "cudafe", "cicc", "ptxas", "hostcc", "compile")},
+        "cut_off": summary["cut_off"]}
+    (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
+    build(ws, cache)
+    print(json.dumps(result, indent=1))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
