@@ -70,7 +70,8 @@ def main() -> None:
     venv = Path(args.venv) if args.venv else work / "venv"
     if not (venv / "bin" / "python").exists():
         sh([sys.executable, "-m", "venv", venv])
-        sh([venv / "bin" / "pip", "install", "-q", "torch==2.14.0"])
+        # torch, and packaging: the one other module `import vllm` needs (vllm.utils.torch_version).
+        sh([venv / "bin" / "pip", "install", "-q", "torch==2.14.0", "packaging"])
     py = venv / "bin" / "python"
     sh([venv / "bin" / "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel])
     site = Path(sh([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
@@ -82,7 +83,7 @@ def main() -> None:
         "for lib in sys.argv[1:]: torch.ops.load_library(lib)\n"
         "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__,"
         " 'scaled_fp4_quant': hasattr(torch.ops._C, 'scaled_fp4_quant'),"
-        " 'ops_in__C': len([n for n in dir(torch.ops._C) if not n.startswith('_')])}))\n")
+        "}))\n")
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(driver), "HOME": str(work)}
     loaded = json.loads(sh([py, "-c", probe, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
                            cwd=work).strip().splitlines()[-1])

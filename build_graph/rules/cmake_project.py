@@ -231,9 +231,10 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
             narrow=(SRC, STAGE, *_ext(mounts)), depfiles=(depfile,))]
         return done.tree.select(edge.outputs)
     if "LINKER" in edge.rule:
-        # A link or archive reads what Ninja lists (objects, libraries) and nothing else: an edit
-        # anywhere in the sources reaches it only through an object that changed.
-        seen = {m: t for m, t in mounts.items() if m in (CMAKE, NINJA)}
+        # A link or archive reads what Ninja lists (objects, libraries) and the external trees
+        # (torch's libraries), never the source tree: an edit to the sources reaches it only
+        # through an object that changed.
+        seen = {m: t for m, t in mounts.items() if m != SRC}  # external trees hold libraries it links
         seen[STAGE] = inputs
     else:
         # A custom command may read anything in the sources and the build tree (it has no depfile).
