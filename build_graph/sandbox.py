@@ -187,7 +187,9 @@ class PeakSampler(threading.Thread):
     """The peak memory of a process tree, for the scheduler to learn. wait4's ru_maxrss stops at
     bwrap's PID namespace (its init does not pass its children's usage on), so the tree below
     `pid` is sampled: each process's high-water mark (VmHWM, which sampling cannot miss for a
-    long-lived compiler) and the sum of current RSS (parallel processes)."""
+    long-lived compiler) and the sum of current RSS (parallel processes). A process that lives
+    less than one interval can be missed: short steps are cheap, the long compiles are the ones
+    the budget is for."""
 
     def __init__(self, pid: int, interval_s: float = 0.25):
         super().__init__(daemon=True)

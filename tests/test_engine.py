@@ -490,7 +490,7 @@ def test_peak_memory_is_measured_and_learned(make_ws):
 kind = "genrule"
 outs = ["o.txt"]
 memory_mb = 8000
-cmd = "/usr/bin/python3 -c 'b = bytearray(300 << 20); b[::4096] = b\\"x\\" * len(b[::4096])' && echo ok > $OUT/o.txt"
+cmd = "/usr/bin/python3 -c 'import time; b = bytearray(300 << 20); b[::4096] = b\\"x\\" * len(b[::4096]); time.sleep(1)' && echo ok > $OUT/o.txt"
 '''})
     run = ws.build("//p:big")
     assert run.rc == 0, run.output

@@ -62,6 +62,11 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             inputs = {"/bgraph/in": Tree(files)}
             argv, outputs = list(s.argv), [s.output_path(n) for n in s.outputs]
             narrow: dict = {}
+            if s.kind == "cudafe":
+                # cudafe++ derives the module id from the source file it names (stat of
+                # --orig_src_path_name); when it cannot see the file it uses the clock, and the
+                # id reaches the host code. It gets that one file, nothing else of the tree.
+                inputs.update(_source_file(nvcc_args, view))
             if s.reads_source:
                 inputs.update(view.mounts)
                 depfile = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}.d"
@@ -77,3 +82,13 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             for out in s.outputs:
                 produced[out] = outcome.tree.entries[s.output_path(out)]
     return produced[steps[-1].outputs[0]]
+
+
+def _source_file(nvcc_args: list[str], view: SourceView) -> dict[str, Tree]:
+    """The TU's source file alone, at its mount: {mount: Tree({path: entry})} (empty if unknown)."""
+    src = nvcc_args[nvcc_args.index("-c") + 1] if "-c" in nvcc_args[:-1] else ""
+    for mount, tree in view.mounts.items():
+        rel = src[len(mount) + 1:] if src.startswith(mount + "/") else None
+        if rel and rel in tree.entries:
+            return {mount: Tree({rel: tree.entries[rel]})}
+    return {}
