@@ -61,7 +61,7 @@ def cmd_build(args, console: Console) -> int:
     result = engine.build(labels)
     compared = None
     if args.check_against:
-        _differing, compared = engine.compare_with(result, Path(os.path.expanduser(args.check_against)))
+        compared = engine.compare_with(result, Path(os.path.expanduser(args.check_against)))
     summary = result.summary()
     if compared is not None:
         summary["compared_with_other_cache"] = compared

@@ -157,12 +157,12 @@ class Engine:
                        for a in self.trace.load(str(label)).get("actions", {}).values()})
         return set(random.Random(0).sample(keys, min(n, len(keys))))
 
-    def compare_with(self, result: BuildResult, other_cache: Path) -> tuple[list[str], int]:
-        """--check-against: each action of this build whose result another cache holds under the
-        same key with a different output tree (like `nix build --check` against a trusted result);
-        and how many keys the other cache has at all."""
+    def compare_with(self, result: BuildResult, other_cache: Path) -> int:
+        """--check-against: mark each action of this build whose result another cache holds under
+        the same key with a different output tree (like `nix build --check` against a trusted
+        result) as differing; returns how many actions both caches hold."""
         other = LocalActionCache(Path(other_cache) / "v1" / self.digester.name, self.cas.tmp)
-        differing, compared = [], 0
+        compared = 0
         for r in result.records:
             if r.status == "failed":
                 continue
@@ -172,8 +172,7 @@ class Engine:
             compared += 1
             if theirs.output_tree != ours.output_tree:
                 r.differs = True
-                differing.append(f"{r.label} {r.name}")
-        return differing, compared
+        return compared
 
     def link_outputs(self, result: BuildResult, out_dir: Path) -> dict[str, Path]:
         """bgraph-out/<package>/<name> -> the materialized output of each requested target."""

@@ -163,8 +163,7 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
     except NinjaGraphError as e:
         raise ctx.fail(f"Ninja graph: {e}", "outputs") from None
     src_tree = source.overlaid(out.subtree(f"{META}/generated"))
-    build_tree = Tree({p: e for p, e in out.entries.items()
-                       if not p.startswith((f"{META}/", ".cmake/")) and p not in (META, ".cmake")})
+    build_tree = Tree({p: e for p, e in out.entries.items() if not p.startswith(f"{META}/")})
 
     # Round 2: the edges, in waves of edges whose inputs are all built.
     mounts = {SRC: src_tree, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}
