@@ -1,4 +1,4 @@
-"""bgraph commands: build, query, why, explain, exec. Wires concrete objects; holds no logic."""
+"""bgraph commands: build, query, why, explain, exec, cache. Wires concrete objects; holds no logic."""
 
 from __future__ import annotations
 
@@ -175,6 +175,62 @@ def cmd_exec(args, console: Console) -> int:
         rmtree(work)
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'500M', '20G', '1.5T' or plain bytes -> bytes (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    try:
+        return int(float(t[: len(t) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 500M, 20G)") from None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_cache(args, console: Console) -> int:
+    from build_graph.model import Digester
+    from build_graph.store import upkeep
+
+    ws = _workspace(args)
+    layout = cache_dir(ws, args.cache_dir) / "v1"
+    digester = Digester(ws.digest_function)
+    if not (layout / digester.name).exists():
+        console.print(f"no cache at {layout.parent}", highlight=False)
+        return 0
+    out = _stdout()
+    if args.action == "gc":
+        r = upkeep.collect(layout, digester, args.max_size)
+        out.print(f"removed {r.entries_removed} action-cache entries, {r.blobs_removed} blobs, "
+                  f"{r.nodes_removed} directory nodes and {r.trees_removed} materialized trees; "
+                  f"blobs {_human(r.bytes_before)} -> {_human(r.bytes_after)}; kept {r.entries_kept} entries"
+                  + (f" ({r.held_by_builds} held by {r.running_builds} running build(s))"
+                     if r.running_builds else ""), highlight=False)
+        return 0
+    r = upkeep.verify(layout, digester, repair=args.repair)
+    out.print(f"checked {r.blobs_checked} blobs, {r.nodes_checked} directory nodes, "
+              f"{r.entries_checked} action-cache entries, {r.trees_checked} materialized trees", highlight=False)
+    for what, items in (("corrupt blob", r.corrupt_blobs), ("corrupt directory node", r.corrupt_nodes),
+                        ("dangling action-cache entry", r.dangling_entries), ("broken tree", r.bad_trees)):
+        for d in items:
+            out.print(f"{what} {d}" + (" (removed)" if r.repaired else ""), highlight=False)
+    if r.clean:
+        out.print("the cache is clean", highlight=False)
+        return 0
+    if not r.repaired:
+        console.print("hint: `bgraph cache verify --repair` removes them; builds re-create what they need",
+                      highlight=False)
+    return 0 if r.repaired else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bgraph", description="A reproducible build graph for GPU inference stacks.")
     p.add_argument("-C", "--workspace", help="workspace root (default: nearest WORKSPACE.toml)")
@@ -208,6 +264,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("label")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_explain)
+
+    c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it")
+    csub = c.add_subparsers(dest="action", required=True)
+    g = csub.add_parser("gc", help="remove what nothing needs; least recently used first with --max-size")
+    g.add_argument("--max-size", type=parse_size, metavar="SIZE",
+                   help="keep at most this much (e.g. 20G); what running builds hold is always kept")
+    v = csub.add_parser("verify", help="re-hash every blob; find corrupt blobs, dangling entries, broken trees")
+    v.add_argument("--repair", action="store_true", help="remove what is corrupt or dangling")
+    c.set_defaults(fn=cmd_cache)
 
     x = sub.add_parser("exec", help="run a command in the sandbox over a target's output")
     x.add_argument("label")

@@ -180,12 +180,15 @@ class Engine:
         for label in result.requested:
             if label not in result.outputs:
                 continue
-            path = self.cas.materialize(result.outputs[label].tree)
+            tree = result.outputs[label].tree
+            self.cas.put_tree(tree)  # so `bgraph cache gc` can keep the blobs of a rooted tree
+            path = self.cas.materialize(tree)
             link = out_dir / label.package / label.name
             link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink() or link.exists():
                 link.unlink()
             link.symlink_to(path)
+            self.cas.add_root(link)
             links[str(label)] = link
         return links
 

@@ -81,5 +81,5 @@ def disk_full(cache_dir) -> StoreError:
     except OSError:
         free = "free space unknown"
     return StoreError(f"no space left in the cache directory {os.fspath(cache_dir)} ({free})",
-                      hint="free disk space there, or build with --cache-dir on a larger disk; "
-                           "nothing partial was stored")
+                      hint="`bgraph cache gc --max-size SIZE` shrinks the cache; or free disk space "
+                           "there, or build with --cache-dir on a larger disk; nothing partial was stored")

@@ -86,6 +86,9 @@ class Rebuilder:
 
     def _verified(self, key: str, result: ActionResult) -> Hit | Miss:
         """A hit if every blob of the cached output is present and sound; else the entry goes."""
+        # Held before the blobs are checked: a collection either keeps them or ran first.
+        self.cas.holds.hold("key", key)
+        self.ac.touch(key)  # its last use, for least-recently-used collection
         try:
             tree = self.cas.get_tree(result.output_tree)
             bad = self.cas.verify_tree(tree)

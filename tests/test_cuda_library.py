@@ -162,3 +162,7 @@ def test_reproducible_across_directories_and_caches_with_debug_info(tmp_path):
     assert archive_bytes(one) == archive_bytes(two)
     check = build(one, tmp_path / "cache1", "--check")
     assert check["differing"] == [] and check["executed"] > 0
+    for ws, cache in ((one, tmp_path / "cache1"), (two, tmp_path / "cache2")):  # and both caches are sound
+        proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
+                               "cache", "verify"], capture_output=True, text=True)
+        assert proc.returncode == 0 and "the cache is clean" in proc.stdout, proc.stdout + proc.stderr

@@ -33,6 +33,13 @@ class LocalActionCache:
             json.dump(result.to_json(), f, sort_keys=True)
         os.replace(tmp, dest)
 
+    def touch(self, key: str) -> None:
+        """Record a use of the entry (its mtime orders `bgraph cache gc --max-size`)."""
+        try:
+            os.utime(self._path(key))
+        except FileNotFoundError:
+            pass
+
     def remove(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 

@@ -8,7 +8,10 @@ On-disk layout (versioned; bump the version instead of migrating)::
     <cache>/v1/<digest-fn>/trees/<digest>/     a tree materialized read-only (bind-mounted into sandboxes)
     <cache>/v1/<digest-fn>/ac/ab/<key>.json    action cache (see action_cache.py)
     <cache>/v1/<digest-fn>/trace/<label>.json  last build's decisions per target (see trace.py)
-    <cache>/v1/tmp/                            staging; everything is written here, then renamed
+    <cache>/v1/<digest-fn>/roots/<hash>         symlink to a bgraph-out link: its tree is a gc root
+    <cache>/v1/tmp/<pid>-xxx/                  a build's staging; written here, then renamed
+    <cache>/v1/tmp/<pid>-xxx.{lock,holds}      its lease, and what it holds (see lease.py)
+    <cache>/v1/trash/                          evicted trees a running build may still mount
 
 A blob is verified (size and digest) before it is used; a bad one is deleted with a warning
 and reported as missing, so the action that made it runs again.
@@ -28,6 +31,7 @@ import threading
 from pathlib import Path
 
 from build_graph.errors import StoreError
+from build_graph.store.lease import Holds, live_builds
 from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 
 LAYOUT_VERSION = "v1"
@@ -66,8 +70,70 @@ def rmtree(path: Path) -> None:
         shutil.rmtree(path, onerror=onerror)
 
 
+def trees_holding(trees_root: Path, inodes: set[int]) -> list[Path]:
+    """The materialized trees that hard-link any of `inodes` (readdir gives inode numbers
+    without a stat per file)."""
+    found = []
+    for top in os.scandir(trees_root):
+        if not top.is_dir(follow_symlinks=False):
+            continue
+        stack = [top.path]
+        while stack:
+            hit = False
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.inode() in inodes:
+                        hit = True
+                        break
+            if hit:
+                found.append(Path(top.path))
+                break
+    return found
+
+
+def discard_tree(layout_root: Path, tree_dir: Path, held: set[str]) -> None:
+    """Remove a materialized tree; one a running build holds (a sandbox may have it mounted)
+    is renamed into `v1/trash/` instead, and removed by a later collection."""
+    if tree_dir.name in held:
+        trash = layout_root / "trash"
+        trash.mkdir(exist_ok=True)
+        try:
+            os.rename(tree_dir, trash / f"{tree_dir.name}-{os.urandom(4).hex()}")
+        except FileNotFoundError:
+            pass
+        return
+    rmtree(tree_dir)
+
+
+def evict_blob(layout_root: Path, blob: Path) -> list[Path]:
+    """Delete a blob (and its executable copy) and the trees that hold it; returns those trees."""
+    inodes = set()
+    for p in (blob, Path(f"{blob}.x")):
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        if st.st_nlink > 1:
+            inodes.add(st.st_ino)
+        p.unlink(missing_ok=True)
+    trees_root = blob.parents[2] / "trees"
+    if not inodes or not trees_root.exists():
+        return []
+    held = live_builds(layout_root / "tmp").trees
+    found = trees_holding(trees_root, inodes)
+    for t in found:
+        discard_tree(layout_root, t, held)
+    return found
+
+
 def _drop_staging(path: Path, fd: int) -> None:
+    if fd not in LocalCas._leases:
+        return  # closed already
+    LocalCas._leases.remove(fd)
     rmtree(path)
+    Path(f"{path}.holds").unlink(missing_ok=True)
     Path(f"{path}.lock").unlink(missing_ok=True)
     os.close(fd)
 
@@ -77,22 +143,30 @@ class LocalCas:
 
     def __init__(self, cache_dir: Path, digester: Digester):
         self.digester = digester
-        self.base = Path(cache_dir) / LAYOUT_VERSION / digester.name
+        self.layout_root = Path(cache_dir) / LAYOUT_VERSION
+        self.base = self.layout_root / digester.name
         self.blobs = self.base / "cas"
         self.dirs = self.base / "dirs"
         self.trees = self.base / "trees"
         staging = Path(cache_dir) / LAYOUT_VERSION / "tmp"
         for d in (self.blobs, self.dirs, self.trees, staging):
             d.mkdir(parents=True, exist_ok=True)
-        self.tmp = self._lease_staging(staging)
+        self.tmp, self._lease_fd = self._lease_staging(staging)
+        self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
         self._stamps = self._load_stamps()
         self._stored_trees: set[str] = set()
         self._exec_lock = threading.Lock()  # root digests whose nodes this process has written
         self._stamps_dirty = False
+        self._refreshed: set[str] = set()
+
+    def close(self) -> None:
+        """Give up this process's lease and staging now (else at exit)."""
+        self.holds.close()
+        _drop_staging(self.tmp, self._lease_fd)
 
     @staticmethod
-    def _lease_staging(staging: Path) -> Path:
+    def _lease_staging(staging: Path) -> tuple[Path, int]:
         """This process's own staging directory, held by a lock for its lifetime (a lease).
         Staging that a killed or failed build left behind (its lock is free) is removed now;
         a running build's is never touched."""
@@ -106,15 +180,27 @@ class LocalCas:
             except BlockingIOError:
                 os.close(fd)
                 continue  # a live build holds it
-            rmtree(lock.with_suffix(""))
+            # Unlink the lock first: a build that opened it but had not locked it yet sees
+            # the link count drop to 0 and takes another name.
             lock.unlink(missing_ok=True)
+            stem = str(lock)[: -len(".lock")]
+            rmtree(Path(stem))
+            Path(f"{stem}.holds").unlink(missing_ok=True)
             os.close(fd)
-        mine = Path(tempfile.mkdtemp(dir=staging, prefix=f"{os.getpid()}-"))
-        fd = os.open(f"{mine}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when this process exits, however it exits
+        while True:
+            stem = staging / f"{os.getpid()}-{os.urandom(4).hex()}"
+            try:
+                fd = os.open(f"{stem}.lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when this process exits, however it exits
+            if os.fstat(fd).st_nlink:
+                break
+            os.close(fd)  # a cleaner took it for dead between create and lock: pick another
+        stem.mkdir()
         LocalCas._leases.append(fd)
-        atexit.register(_drop_staging, mine, fd)
-        return mine
+        atexit.register(_drop_staging, stem, fd)
+        return stem, fd
 
     _leases: list[int] = []
 
@@ -128,6 +214,7 @@ class LocalCas:
         # replaced by these (known good) bytes, so it can never reach an action's inputs.
         if self.verify(FileEntry(digest, size)):
             os.unlink(tmp_path)
+            self._refresh(digest)
             return
         dest.parent.mkdir(exist_ok=True)
         os.chmod(tmp_path, 0o444)
@@ -142,7 +229,25 @@ class LocalCas:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             self._install(tmp, digest, len(data))
+        else:
+            self._refresh(digest)
         return FileEntry(digest, len(data), executable)
+
+    def _refresh(self, digest: str) -> None:
+        """Mark a blob this build stored again (its bytes were present) as in use: its ctime
+        becomes newer than this build's lease, and a collection keeps what is newer."""
+        if digest in self._refreshed:
+            return
+        p = self.blob_path(digest)
+        try:
+            os.utime(p, (FIXED_MTIME, FIXED_MTIME))  # same times; the kernel moves ctime
+            st = p.stat()
+        except FileNotFoundError:
+            return
+        if p.name in self._stamps:  # it was verified a moment ago; keep that
+            self._stamps[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            self._stamps_dirty = True
+        self._refreshed.add(digest)
 
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
         """Store a file's bytes. With move=True the file (in our staging area) is renamed in."""
@@ -168,6 +273,8 @@ class LocalCas:
                     with os.fdopen(fd, "wb") as f:
                         f.write(data)
                     self._install(tmp, entry.digest, len(data))
+                else:
+                    self._refresh(entry.digest)
                 return entry
         fd, tmp = tempfile.mkstemp(dir=self.tmp)
         size = 0
@@ -239,15 +346,12 @@ class LocalCas:
         return True
 
     def evict(self, digest: str) -> None:
-        """Drop a bad blob, and every materialized tree (they may hard-link it)."""
-        for p in (self.blob_path(digest), Path(str(self.blob_path(digest)) + ".x")):
-            if p.exists():
-                p.unlink()
+        """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
+        evict_blob(self.layout_root, self.blob_path(digest))
         self._verified.discard(digest)
+        self._refreshed.discard(digest)
         for suffix in ("", ".x"):
             self._stamps.pop(digest[2:] + suffix, None)
-        for d in self.trees.iterdir():
-            rmtree(d)
 
     def read_bytes(self, entry: FileEntry) -> bytes:
         if not self.verify(entry):
@@ -318,6 +422,7 @@ class LocalCas:
     def materialize(self, tree: Tree) -> Path:
         """A read-only directory holding `tree`, built once per tree digest and reused."""
         digest = tree.digest(self.digester)
+        self.holds.hold("tree", digest)  # before looking: a collection now keeps it
         dest = self.trees / digest
         if dest.exists():
             return dest
@@ -356,6 +461,18 @@ class LocalCas:
             rmtree(staging)
             raise
         return dest
+
+    def add_root(self, link: Path) -> None:
+        """Make the tree `link` points at a gc root while the link stays (like a Nix result
+        link): `roots/<digest of the link's path>` points at the link."""
+        roots = self.base / "roots"
+        roots.mkdir(exist_ok=True)
+        record = roots / self.digester.of(os.fsencode(link.absolute()))[:32]
+        if os.path.islink(record) and os.readlink(record) == str(link.absolute()):
+            return
+        tmp = Path(tempfile.mktemp(dir=self.tmp))
+        os.symlink(link.absolute(), tmp)
+        os.replace(tmp, record)
 
     def ingest_dir(self, root: Path, paths: list[str] | None = None, move: bool = False) -> Tree:
         """Store everything under `root` (or only `paths` below it) and return the tree."""

@@ -1,0 +1,365 @@
+"""Cache upkeep: `bgraph cache gc` (collect what nothing needs, least recently used first) and
+`bgraph cache verify` (re-hash everything, find what is corrupt or dangling).
+
+What is live: the action-cache entries kept (those running builds hold, then the most recently
+used while they fit in `--max-size`), every blob and directory node their outputs name, the
+trees behind `bgraph-out` links (gc roots), and anything a running build holds or created since
+it started (see lease.py). Materialized trees hold no bytes of their own (they hard-link blobs):
+any that no running build holds and no root names is removed, and re-made on next use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from build_graph.model import Digester
+from build_graph.store.cas import CHUNK, discard_tree, evict_blob, rmtree
+from build_graph.store.lease import LiveBuilds, gc_lock_path, live_builds
+
+
+@dataclass
+class _Blob:
+    size: int = 0  # bytes on disk, with the executable copy
+    ctime: float = 0.0
+    paths: list[Path] = field(default_factory=list)
+    inodes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Entry:
+    key: str
+    path: Path
+    mtime: float
+    result: dict | None  # None: unreadable
+
+
+@dataclass
+class CollectReport:
+    entries_kept: int = 0
+    entries_removed: int = 0
+    held_by_builds: int = 0
+    blobs_removed: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    nodes_removed: int = 0
+    trees_removed: int = 0
+    running_builds: int = 0
+
+
+@dataclass
+class VerifyReport:
+    blobs_checked: int = 0
+    nodes_checked: int = 0
+    entries_checked: int = 0
+    trees_checked: int = 0
+    corrupt_blobs: list[str] = field(default_factory=list)
+    corrupt_nodes: list[str] = field(default_factory=list)
+    dangling_entries: list[str] = field(default_factory=list)
+    bad_trees: list[str] = field(default_factory=list)
+    repaired: bool = False
+
+    @property
+    def clean(self) -> bool:
+        return not (self.corrupt_blobs or self.corrupt_nodes or self.dangling_entries or self.bad_trees)
+
+
+class _Exclusive:
+    """Hold `v1/gc.lock` exclusively: builds wait before their next hold until we are done."""
+
+    def __init__(self, layout_root: Path):
+        self.path = gc_lock_path(layout_root)
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def _digest_of_name(shard: Path, name: str) -> str:
+    return shard.name + name
+
+
+def _scan_blobs(cas_root: Path) -> dict[str, _Blob]:
+    blobs: dict[str, _Blob] = {}
+    if not cas_root.exists():
+        return blobs
+    for shard in cas_root.iterdir():
+        with os.scandir(shard) as it:
+            for e in it:
+                name = e.name[:-2] if e.name.endswith(".x") else e.name
+                st = e.stat(follow_symlinks=False)
+                b = blobs.setdefault(_digest_of_name(shard, name), _Blob())
+                b.size += st.st_size
+                b.ctime = max(b.ctime, st.st_ctime)
+                b.paths.append(Path(e.path))
+                b.inodes.append(st.st_ino)
+    return blobs
+
+
+def _scan_nodes(dirs_root: Path) -> dict[str, tuple[Path, float]]:
+    nodes = {}
+    if dirs_root.exists():
+        for shard in dirs_root.iterdir():
+            with os.scandir(shard) as it:
+                for e in it:
+                    nodes[_digest_of_name(shard, e.name)] = (Path(e.path), e.stat().st_ctime)
+    return nodes
+
+
+def _scan_entries(ac_root: Path) -> tuple[list[_Entry], list[Path]]:
+    """Action-cache entries, and the depfile manifests beside them."""
+    entries, manifests = [], []
+    if not ac_root.exists():
+        return entries, manifests
+    for shard in ac_root.iterdir():
+        with os.scandir(shard) as it:
+            for e in it:
+                if e.name.endswith(".reads.json"):
+                    manifests.append(Path(e.path))
+                    continue
+                if not e.name.endswith(".json"):
+                    continue
+                try:
+                    result = json.loads(Path(e.path).read_bytes())
+                    if not isinstance(result, dict) or not isinstance(result.get("output_tree"), str):
+                        result = None
+                except (ValueError, OSError):
+                    result = None
+                entries.append(_Entry(shard.name + e.name[: -len(".json")], Path(e.path),
+                                      e.stat().st_mtime, result))
+    return entries, manifests
+
+
+class _Closure:
+    """What an output tree needs: its directory nodes and blobs (memoized per node)."""
+
+    def __init__(self, dirs_root: Path, digester: Digester, check: bool):
+        self.dirs_root, self.digester, self.check = dirs_root, digester, check
+        self.memo: dict[str, tuple[frozenset[str], frozenset[str]] | None] = {}
+
+    def of_node(self, digest: str) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(nodes, blobs) under a directory node; None if a node is missing or corrupt."""
+        if digest in self.memo:
+            return self.memo[digest]
+        self.memo[digest] = None  # a cycle cannot occur in a Merkle DAG; this guards garbage
+        try:
+            raw = (self.dirs_root / digest[:2] / digest[2:]).read_bytes()
+            if self.check and self.digester.of(raw) != digest:
+                return None
+            node = json.loads(raw)
+            nodes, blobs = {digest}, {f[1] for f in node["files"]}
+            for _name, sub in node["dirs"]:
+                below = self.of_node(sub)
+                if below is None:
+                    return None
+                nodes |= below[0]
+                blobs |= below[1]
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return None
+        self.memo[digest] = (frozenset(nodes), frozenset(blobs))
+        return self.memo[digest]
+
+    def of_result(self, result: dict) -> tuple[frozenset[str], frozenset[str]] | None:
+        tree = self.of_node(result["output_tree"])
+        if tree is None:
+            return None
+        logs = {d for d in (result.get("stdout"), result.get("stderr")) if isinstance(d, str)}
+        return tree[0], tree[1] | logs
+
+
+def _roots(base: Path) -> set[str]:
+    """Tree digests that `bgraph-out` links still point at; stale root records are dropped."""
+    live = set()
+    roots = base / "roots"
+    if not roots.exists():
+        return live
+    trees = (base / "trees").resolve()
+    for record in roots.iterdir():
+        try:
+            target = Path(os.readlink(os.readlink(record)))
+        except OSError:
+            record.unlink(missing_ok=True)  # the link is gone or no longer a link
+            continue
+        if target.parent == trees:
+            live.add(target.name)
+        else:
+            record.unlink(missing_ok=True)
+    return live
+
+
+def _empty_trash(layout_root: Path, held: set[str]) -> int:
+    trash = layout_root / "trash"
+    n = 0
+    if trash.exists():
+        for t in trash.iterdir():
+            if t.name.rsplit("-", 1)[0] not in held:
+                rmtree(t)
+                n += 1
+    return n
+
+
+def collect(layout_root: Path, digester: Digester, max_size: int | None = None) -> CollectReport:
+    """Remove what nothing needs; with `max_size` (bytes of blobs), also the least recently
+    used action-cache entries until what stays fits."""
+    base = layout_root / digester.name
+    report = CollectReport()
+    started = time.time()
+    with _Exclusive(layout_root):
+        live: LiveBuilds = live_builds(layout_root / "tmp")
+        report.running_builds = live.count
+        # Whatever a running build created or used since it started is newer than this.
+        horizon = min(started, live.oldest_start or started)
+        blobs = _scan_blobs(base / "cas")
+        nodes = _scan_nodes(base / "dirs")
+        entries, manifests = _scan_entries(base / "ac")
+        report.bytes_before = sum(b.size for b in blobs.values())
+        closure = _Closure(base / "dirs", digester, check=False)
+        root_trees = _roots(base)
+
+        def pinned(e: _Entry) -> bool:
+            return e.key in live.keys or e.mtime >= horizon
+
+        entries.sort(key=lambda e: (not pinned(e), -e.mtime))
+        keep_blobs: set[str] = set()
+        keep_nodes: set[str] = set()
+        kept_keys: set[str] = set()
+        total, full = 0, False
+        for e in entries:
+            need = closure.of_result(e.result) if e.result is not None else None
+            if need is None and not pinned(e):
+                e.path.unlink(missing_ok=True)  # unreadable or dangling: useless
+                report.entries_removed += 1
+                continue
+            need_nodes, need_blobs = need or (frozenset(), frozenset())
+            added = sum(blobs[d].size for d in need_blobs - keep_blobs if d in blobs)
+            if not pinned(e) and max_size is not None and (full or total + added > max_size):
+                full = True  # least recently used from here on: all of it goes
+                e.path.unlink(missing_ok=True)
+                report.entries_removed += 1
+                continue
+            report.held_by_builds += e.key in live.keys
+            kept_keys.add(e.key)
+            keep_blobs |= need_blobs
+            keep_nodes |= need_nodes
+            total += added
+        report.entries_kept = len(kept_keys)
+        for digest in root_trees:
+            rooted = closure.of_node(digest)
+            if rooted is not None:
+                keep_nodes |= rooted[0]
+                keep_blobs |= rooted[1]
+        _rewrite_manifests(manifests, kept_keys)
+        held_trees = live.trees | root_trees
+        trees_root = base / "trees"
+        if trees_root.exists():
+            for t in trees_root.iterdir():
+                if t.name not in held_trees:
+                    rmtree(t)
+                    report.trees_removed += 1
+        _empty_trash(layout_root, live.trees)
+        for digest, b in blobs.items():
+            if digest in keep_blobs or b.ctime >= horizon:
+                report.bytes_after += b.size
+                continue
+            # The trees left are held or rooted: their own hard links keep their bytes.
+            for path in b.paths:
+                path.unlink(missing_ok=True)
+            report.blobs_removed += 1
+        for digest, (path, ctime) in nodes.items():
+            if digest not in keep_nodes and ctime < horizon:
+                path.unlink(missing_ok=True)
+                report.nodes_removed += 1
+    return report
+
+
+def _rewrite_manifests(manifests: list[Path], kept_keys: set[str]) -> None:
+    for m in manifests:
+        try:
+            items = json.loads(m.read_text())
+        except (OSError, ValueError):
+            m.unlink(missing_ok=True)
+            continue
+        left = [i for i in items if isinstance(i, dict) and i.get("key") in kept_keys] \
+            if isinstance(items, list) else []
+        if not left:
+            m.unlink(missing_ok=True)
+        elif len(left) != len(items):
+            tmp = m.with_name(m.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(left, sort_keys=True))
+            os.replace(tmp, m)
+
+
+def _hash_file(path: Path, digester: Digester) -> str:
+    h = digester.new()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(layout_root: Path, digester: Digester, repair: bool = False) -> VerifyReport:
+    """Re-hash every blob and directory node, and check that every action-cache entry and
+    materialized tree is whole. With `repair`, drop what is bad (a corrupt blob takes with it
+    only the trees that hold it)."""
+    base = layout_root / digester.name
+    report = VerifyReport(repaired=repair)
+    lock = _Exclusive(layout_root) if repair else None
+    if lock:
+        lock.__enter__()
+    try:
+        blobs = _scan_blobs(base / "cas")
+        for digest, b in sorted(blobs.items()):
+            report.blobs_checked += 1
+            if any(_hash_file(p, digester) != digest for p in b.paths):
+                report.corrupt_blobs.append(digest)
+                if repair:
+                    evict_blob(layout_root, b.paths[0].with_name(b.paths[0].name.removesuffix(".x")))
+        nodes = _scan_nodes(base / "dirs")
+        for digest, (path, _ctime) in sorted(nodes.items()):
+            report.nodes_checked += 1
+            if _hash_file(path, digester) != digest:
+                report.corrupt_nodes.append(digest)
+                if repair:
+                    path.unlink(missing_ok=True)
+        bad_blobs = set(report.corrupt_blobs)
+        closure = _Closure(base / "dirs", digester, check=True)
+        entries, _ = _scan_entries(base / "ac")
+        for e in entries:
+            report.entries_checked += 1
+            need = closure.of_result(e.result) if e.result is not None else None
+            if need is None or any(d not in blobs or d in bad_blobs for d in need[1]):
+                report.dangling_entries.append(e.key)
+                if repair:
+                    e.path.unlink(missing_ok=True)
+        good_inodes = {i for d, b in blobs.items() if d not in bad_blobs for i in b.inodes}
+        trees_root = base / "trees"
+        held = live_builds(layout_root / "tmp").trees
+        for t in sorted(trees_root.iterdir()) if trees_root.exists() else ():
+            report.trees_checked += 1
+            if not _tree_is_whole(t, good_inodes):
+                report.bad_trees.append(t.name)
+                if repair:
+                    discard_tree(layout_root, t, held)
+    finally:
+        if lock:
+            lock.__exit__(None, None, None)
+    return report
+
+
+def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
+    """A materialized tree is whole if each of its files is a hard link of a blob that hashed
+    good (the blob was just re-hashed; the link shares its bytes)."""
+    for d, _dirs, files in os.walk(tree_dir):
+        for name in files:
+            st = os.lstat(os.path.join(d, name))
+            if not os.path.islink(os.path.join(d, name)) and st.st_ino not in good_inodes:
+                return False
+    return True

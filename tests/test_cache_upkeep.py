@@ -1,0 +1,157 @@
+"""`bgraph cache gc` and `bgraph cache verify`: what they remove, what they keep (what running
+builds hold, bgraph-out links), and that they are safe while a build runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from bgraph_testlib import hermetic_env, requires_bwrap, statuses
+from build_graph.model import Digester
+from build_graph.store.cas import LocalCas
+
+B3 = Digester("blake3")
+
+# //p:a and //p:c are independent; //p:b reads a's output (slowly, when SLOW is set).
+TARGETS = {
+    "in.txt": "alpha\nbeta\n",
+    "targets/p.toml": '''[a]
+kind = "genrule"
+srcs = ["in.txt"]
+outs = ["a.txt"]
+cmd = "cat $SRC/in.txt $SRC/in.txt > $OUT/a.txt"
+
+[b]
+kind = "genrule"
+outs = ["b.txt"]
+deps = { a = ":a" }
+cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"
+
+[c]
+kind = "genrule"
+outs = ["c.bin"]
+cmd = "head -c 400000 /dev/zero | tr '\\\\0' c > $OUT/c.bin"
+
+[d]
+kind = "genrule"
+outs = ["d.bin"]
+cmd = "head -c 400000 /dev/zero | tr '\\\\0' d > $OUT/d.bin"
+''',
+}
+
+
+def trees(ws) -> set[str]:
+    return set(os.listdir(ws.store / "trees"))
+
+
+def blob_files(ws) -> set[str]:
+    return {p.name for p in (ws.store / "cas").rglob("*") if p.is_file()}
+
+
+@requires_bwrap
+def test_gc_removes_what_nothing_needs_and_keeps_hits_and_links(make_ws):
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:b", "//p:c").rc == 0
+    stray = LocalCas(ws.cache, B3)
+    orphan = stray.put_bytes(b"referenced by nothing")
+    stray.close()
+    assert orphan.digest[2:] in blob_files(ws)
+    out = ws.cli("cache", "gc")
+    assert out.rc == 0, out.stderr
+    assert "removed 0 action-cache entries" in out.stdout
+    assert orphan.digest[2:] not in blob_files(ws)
+    # Trees nothing holds are gone; those behind bgraph-out links stay and still read.
+    assert ws.read_output("//p:b", "b.txt").strip() == "4"
+    assert len(trees(ws)) == 2
+    again = ws.build("//p:b", "//p:c")
+    assert again.json["executed"] == 0
+    assert ws.cli("cache", "verify").rc == 0
+
+
+@requires_bwrap
+def test_gc_max_size_drops_least_recently_used_first(make_ws):
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:c").rc == 0
+    assert ws.build("//p:d").rc == 0
+    time.sleep(0.05)
+    assert ws.build("//p:c").json["executed"] == 0  # c used last
+    for name in "cd":
+        os.unlink(ws.root / "bgraph-out" / "p" / name)  # no roots: only recency counts
+    out = ws.cli("cache", "gc", "--max-size", "450K")  # room for one of them
+    assert out.rc == 0 and "removed 1 action-cache entries" in out.stdout, out.stdout
+    assert statuses(ws.build("//p:c").json) == {"//p:c": "hit"}
+    assert statuses(ws.build("//p:d").json) == {"//p:d": "executed"}
+    for name in "cd":
+        os.unlink(ws.root / "bgraph-out" / "p" / name)
+    out = ws.cli("cache", "gc", "--max-size", "0")
+    assert "kept 0 entries" in out.stdout, out.stdout
+    assert statuses(ws.build("//p:c", "//p:d").json) == {"//p:c": "executed", "//p:d": "executed"}
+
+
+@requires_bwrap
+def test_gc_and_verify_while_a_build_runs_keep_what_it_holds(make_ws):
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:b").rc == 0
+    ws.write({"targets/p.toml": TARGETS["targets/p.toml"].replace(
+        "wc -l < $IN_A/a.txt", "sleep 4; wc -l < $IN_A/a.txt")})
+    build = subprocess.Popen(
+        [sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
+         "build", "--json", "//p:b"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=hermetic_env())
+    staging = ws.cache / "v1" / "tmp"
+    deadline = time.time() + 60
+    while not any(staging.glob("*/act-*")):  # b's sandbox is running, over a's tree
+        assert build.poll() is None and time.time() < deadline, build.communicate()
+        time.sleep(0.05)
+    gc = ws.cli("cache", "gc", "--max-size", "0")
+    assert gc.rc == 0 and "held by 1 running build(s)" in gc.stdout, gc.stdout + gc.stderr
+    verify = ws.cli("cache", "verify")
+    assert verify.rc == 0, verify.stdout
+    stdout, stderr = build.communicate(timeout=60)
+    assert build.returncode == 0, stderr
+    assert ws.read_output("//p:b", "b.txt").strip() == "4"
+    # a's entry was held (a hit of the running build) and b's was written after: both stay.
+    assert ws.build("//p:b").json["executed"] == 0
+
+
+@requires_bwrap
+def test_verify_finds_a_corrupt_blob_and_repair_drops_only_what_holds_it(make_ws):
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:a", "//p:c").rc == 0
+    before = trees(ws)
+    a_tree = os.path.basename(os.readlink(ws.root / "bgraph-out" / "p" / "a"))
+    a_file = os.path.realpath(ws.root / "bgraph-out" / "p" / "a" / "a.txt")
+    os.chmod(a_file, 0o644)
+    with open(a_file, "r+b") as f:  # the tree hard-links the blob: this corrupts both
+        f.write(b"X")
+    out = ws.cli("cache", "verify")
+    assert out.rc == 1
+    assert "corrupt blob" in out.stdout and "dangling action-cache entry" in out.stdout
+    assert "broken tree" in out.stdout and "--repair" in out.stderr
+    fixed = ws.cli("cache", "verify", "--repair")
+    assert fixed.rc == 0 and "(removed)" in fixed.stdout
+    assert before - trees(ws) == {a_tree}  # the others (c's, a's sources) never held the bad blob
+    assert ws.cli("cache", "verify").rc == 0
+    again = ws.build("//p:a", "//p:c")
+    assert statuses(again.json) == {"//p:a": "executed", "//p:c": "hit"}
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\nalpha\nbeta\n"
+
+
+def test_evicting_a_blob_keeps_trees_that_do_not_hold_it(tmp_path):
+    from build_graph.model import Tree
+
+    cas = LocalCas(tmp_path / "cache", B3)
+    one = Tree({"x": cas.put_bytes(b"one")})
+    two = Tree({"y": cas.put_bytes(b"two")})
+    d1, d2 = cas.materialize(one), cas.materialize(two)
+    cas.evict(one.entries["x"].digest)
+    assert not d1.exists() and (d2 / "y").read_bytes() == b"two"
+    cas.close()
+
+
+def test_cache_gc_size_argument_is_checked(make_ws):
+    ws = make_ws({})
+    out = ws.cli("cache", "gc", "--max-size", "lots")
+    assert out.rc == 2 and "not a size: 'lots'" in out.stderr
