@@ -166,3 +166,22 @@ def test_reproducible_across_directories_and_caches_with_debug_info(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
                                "cache", "verify"], capture_output=True, text=True)
         assert proc.returncode == 0 and "the cache is clean" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_includes_are_workspace_relative_and_a_missing_one_is_named(tmp_path):
+    root = write_workspace(tmp_path / "ws", archs='["12.1a"]')
+    (root / "k" / "inc").mkdir()
+    (root / "k" / "inc" / "deep.cuh").write_text("#pragma once\n#define DEEP 7\n")
+    (root / "k" / "a.cu").write_text('#include "deep.cuh"\n__global__ void f(int* y) { y[0] = DEEP; }\n')
+    (root / "targets" / "k.toml").write_text(
+        '[lib]\nkind = "cuda_library"\nsrcs = ["k/a.cu"]\nhdrs = ["k/inc/*.cuh"]\n'
+        'archs = ["12.1a"]\nincludes = ["k/inc"]\n')
+    assert build(root, tmp_path / "cache")["ok"]
+    (root / "targets" / "k.toml").write_text(
+        '[lib]\nkind = "cuda_library"\nsrcs = ["k/a.cu"]\nhdrs = ["k/inc/*.cuh"]\n'
+        'archs = ["12.1a"]\nincludes = ["kernels/x/inc"]\n')
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir",
+                           str(tmp_path / "cache"), "build", "//k:lib"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "includes entry 'kernels/x/inc'" in proc.stderr and "k.toml" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -43,6 +43,19 @@ def object_name(src: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", src) + ".o"
 
 
+def _include_dir(ctx: RuleContext, path: str, visible: Tree) -> str:
+    """A workspace-relative include directory, checked against the sources the action sees."""
+    norm = path.strip().rstrip("/")
+    if not norm or norm.startswith("/") or ".." in norm.split("/"):
+        raise ctx.fail(f"includes entry {path!r} must be a directory relative to the workspace root",
+                       "includes", hint="for example includes = [\"kernels/x/inc\"]")
+    if not any(p.startswith(norm + "/") for p in visible.entries):
+        raise ctx.fail(f"includes entry {path!r}: no declared header or source lies under {norm}/",
+                       "includes", hint=f"declare the headers there in hdrs (e.g. \"{norm}/*.h\"): "
+                                        "an action sees only declared files")
+    return norm
+
+
 def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
     archs = ctx.arch_sets(a.archs, ctx.where("archs"))
@@ -53,8 +66,9 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     for d in a.deps:
         visible = visible.merged(ctx.dep(d, "deps").tree.subtree("src"))
     ext = {f"/bgraph/ext/{name}": ctx.dep(label, "ext").tree for name, label in a.ext.items()}
+    includes = [_include_dir(ctx, i, visible) for i in a.includes]
     flags = [*gencode_flags(archs), *(["-Xcompiler=-fPIC"] if a.pic else []), *a.copts, *(f"-D{d}" for d in a.defines),
-             *(f"-I{SRC}/{i}" for i in a.includes), f"-I{SRC}"]
+             *(f"-I{SRC}/{i}" for i in includes), f"-I{SRC}"]
 
     # Each TU is its own sub-plan (dryrun, then its steps), so TUs never wait at each other's barriers.
     view = SourceView({SRC: visible, **ext}, narrow=(SRC, *ext), memory_mb=a.memory_mb)
