@@ -48,7 +48,7 @@ def cmd_build(args, console: Console) -> int:
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
-        check_sample=args.check_sample)
+        check_sample=args.check_sample, dry_run=args.dry_run)
     cache = cache_dir(ws, args.cache_dir)
     log_path = None
     if not args.json:
@@ -65,18 +65,23 @@ def cmd_build(args, console: Console) -> int:
     summary = result.summary()
     if compared is not None:
         summary["compared_with_other_cache"] = compared
-    if not result.failures:
+    if not result.failures and not options.dry_run:
         summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
     for err in result.failures:
         console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
+        if options.dry_run:
+            out = _stdout()
+            for a in summary["actions"]:
+                if a["status"] == "would-run":
+                    out.print(f"would run {a['label']} {_escape(a['name'])} — {_escape(a['reason'])}", highlight=False)
         print_summary(console, summary)
         if compared is not None:
             console.print(f"compared {compared} action(s) with {args.check_against}: "
                           f"{len(summary['differing'])} differing", highlight=False)
-        if summary["executed"] or summary["failed"]:
+        if (summary["executed"] or summary["failed"]) and log_path:
             console.print(f"[dim]executed actions and their reasons: {log_path}[/]", highlight=False)
     if summary["differing"]:
         return 3
@@ -246,6 +251,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--check-sample", type=int, metavar="N", help="like --check, for N sampled actions")
     b.add_argument("--check-against", metavar="CACHE_DIR",
                    help="compare every action's output with the result another cache holds for the same key")
+    b.add_argument("-n", "--dry-run", action="store_true",
+                   help="plan and look up the cache, run nothing: list the actions that would run "
+                        "(those that wait on their outputs cannot be planned yet)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)

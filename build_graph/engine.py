@@ -7,7 +7,7 @@ import errno
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +47,7 @@ class BuildOptions:
     keep_going: bool = False
     check: bool = False
     check_sample: int | None = None
+    dry_run: bool = False  # plan and look up the cache; run nothing
     platform: str = field(default_factory=host_platform)
 
 
@@ -57,6 +58,7 @@ class BuildResult:
     failures: list[BgraphError]
     wall_s: float
     requested: list[Label]
+    unplanned: list[Label] = field(default_factory=list)  # --dry-run: targets waiting on a miss
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
@@ -68,11 +70,13 @@ class BuildResult:
             "hits": self.count("hit"),
             "cut_off": self.count("cutoff"),
             "failed": self.count("failed"),
+            "would_run": self.count("would-run"),
             "differing": [f"{r.label} {r.name}" for r in self.records if r.differs],
             "wall_s": round(self.wall_s, 3),
             "targets": [str(t) for t in self.requested],
-            "actions": [asdict(r) for r in self.records],
+            "actions": [dict(r.__dict__) for r in self.records],
             "errors": [e.render() for e in self.failures],
+            **({"targets_unplanned": [str(t) for t in self.unplanned]} if self.unplanned else {}),
         }
 
 
@@ -251,11 +255,14 @@ class _BuildRun:
         finally:
             self.e.reporter.finish()
             self.e.cas.save_stamps()
+            self.e.cas.save_sources()
             self.e.peaks.save()
         self.scheduler.join()
-        if not self.failures and self.remaining:
+        if not self.failures and self.remaining and not self.e.options.dry_run:
             self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, self.remaining))))
-        return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels)
+        unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
+        return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
+                           unplanned)
 
     def _deps_of(self, label: Label) -> list[Label]:
         target = self.e.ws.targets[label]
@@ -264,7 +271,7 @@ class _BuildRun:
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)
         if state is not None and rec.status != "failed":
-            state.records.append(asdict(rec))
+            state.records.append(dict(rec.__dict__))
         self.e.reporter.action_done(rec)
 
     def _fail(self, label: Label, err: BgraphError) -> None:
@@ -292,7 +299,7 @@ class _BuildRun:
             target = e.ws.targets[label]
             try:
                 expanded = expand_sources(e.ws, target)
-                sources = Tree({p: e.cas.put_file(e.ws.root / p) for paths in expanded.values() for p in paths})
+                sources = Tree({p: e.cas.put_source(e.ws.root / p) for paths in expanded.values() for p in paths})
                 plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
                 recorded = e.trace.load(str(label))
@@ -325,6 +332,9 @@ class _BuildRun:
                 reason, cached = decision.reason, None
             else:
                 reason, cached = "--check: re-executing to compare outputs", decision.tree
+            if e.options.dry_run:  # this target (and what needs it) can plan no further
+                self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "would-run", reason))
+                continue
             e.reporter.action_started(label, action)
             budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
             fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), budget)

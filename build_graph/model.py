@@ -241,7 +241,10 @@ class Action:
 
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out
-        so identical work planned by two targets is shared."""
+        so identical work planned by two targets is shared. (Memoized: do not mutate it.)"""
+        cache = self.__dict__.get("_description")
+        if cache is not None and cache[0] == digester.name:
+            return cache[1]
         described = {
             "kind": self.kind,
             "mnemonic": self.mnemonic,
@@ -264,11 +267,12 @@ class Action:
             value = getattr(self, name)
             if value:
                 described[name] = value if isinstance(value, str) else list(value)
+        object.__setattr__(self, "_description", (digester.name, described))
         return described
 
     def prekey(self, digester: Digester) -> str:
         """The key with the narrowed mounts left out: what a depfile manifest is filed under."""
-        described = self.description(digester)
+        described = dict(self.description(digester))
         described["inputs"] = {m: ("narrowed" if m in self.narrow else d) for m, d in described["inputs"].items()}
         return digester.of_json(described)
 

@@ -93,6 +93,11 @@ class RichReporter:
 
 def print_summary(console: Console, summary: dict[str, Any]) -> None:
     state = "[green]OK[/]" if summary["ok"] else "[red]FAILED[/]"
+    if summary.get("would_run"):
+        waiting = len(summary["targets_unplanned"]) if "targets_unplanned" in summary else 0
+        console.print(f"dry run: {summary['would_run']} action(s) would run, cache hits {summary['hits']}"
+                      + (f"; {waiting} target(s) wait on their outputs" if waiting else ""), highlight=False)
+        return
     console.print(f"{state}: executed {summary['executed']}, cache hits {summary['hits']}, "
                   f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s",
                   highlight=False)

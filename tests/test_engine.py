@@ -520,3 +520,19 @@ cmd = "cat /proc/sys/kernel/random/uuid > $OUT/r.txt"
     assert run.rc == 3
     assert run.json["differing"] == ["//p:random genrule"]
     assert run.json["compared_with_other_cache"] == 2
+
+
+@requires_bwrap
+def test_dry_run_lists_what_would_run_and_runs_nothing(make_ws):
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:b").rc == 0
+    ws.write({"in.txt": "# a comment\nalpha\nbeta\ngamma\n"})
+    dry = ws.build("//p:b", args=("--dry-run",))
+    assert dry.rc == 0, dry.stderr
+    s = dry.json
+    assert s["would_run"] == 1 and s["executed"] == 0 and s["targets_unplanned"] == ["//p:a", "//p:b"]
+    assert "in.txt" in action(s, "//p:a")["reason"]
+    text = ws.cli("build", "-n", "//p:b")
+    assert "would run //p:a genrule" in text.stdout and "1 action(s) would run" in text.stderr
+    real = ws.build("//p:b")
+    assert statuses(real.json) == {"//p:a": "executed", "//p:b": "executed"}

@@ -28,6 +28,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from build_graph.errors import StoreError
@@ -159,6 +160,8 @@ class LocalCas:
         self._exec_lock = threading.Lock()  # root digests whose nodes this process has written
         self._stamps_dirty = False
         self._refreshed: set[str] = set()
+        self._sources: dict[str, list] | None = None
+        self._sources_dirty = False
 
     def close(self) -> None:
         """Give up this process's lease and staging now (else at exit)."""
@@ -286,6 +289,44 @@ class LocalCas:
         digest = h.hexdigest()
         self._install(tmp, digest, size)
         return FileEntry(digest, size, executable)
+
+    # -- workspace sources: digests remembered by stat stamp (like git's index) -----------
+    def _load_sources(self) -> dict[str, list]:
+        try:
+            return json.loads((self.base / "sources.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def put_source(self, path: Path) -> FileEntry:
+        """Store a workspace file, skipping the read and hash when its stat stamp (size, mtime,
+        ctime, inode, mode) is the one recorded with its digest and the blob is still here."""
+        if self._sources is None:
+            self._sources = self._load_sources()
+        key = os.fspath(path)
+        st = os.stat(key)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
+        known = self._sources.get(key)
+        if known and known[:5] == stamp:
+            entry = FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
+            if self.has(entry):
+                self._refresh(entry.digest)
+                return entry
+        entry = self.put_file(key)
+        # A file changed within the clock's granularity of this stat could keep its stamp
+        # (git's "racily clean" case): remember only stamps older than a couple of seconds.
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000:
+            self._sources[key] = [*stamp, entry.digest]
+            self._sources_dirty = True
+        return entry
+
+    def save_sources(self) -> None:
+        if not self._sources_dirty:
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self._sources, f)
+        os.replace(tmp, self.base / "sources.json")
+        self._sources_dirty = False
 
     def has(self, entry: FileEntry) -> bool:
         p = self.blob_path(entry.digest)
