@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import random
 import time
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,7 +225,15 @@ class _BuildRun:
         self.failures: list[BgraphError] = []
         self.failed: set[Label] = set()
         self.dirty: set[Label] = set()  # targets that executed an action in this build
-        self.remaining = list(self.order)
+        self.remaining = set(self.order)  # targets not planned yet
+        # Dependency counting (Kahn): a target becomes ready when its last dependency is built.
+        self.deps = {label: self._deps_of(label) for label in self.order}
+        self.waiting_on = {label: set(ds) for label, ds in self.deps.items()}
+        self.dependents: dict[Label, list[Label]] = {label: [] for label in self.order}
+        for label, ds in self.deps.items():
+            for d in ds:
+                self.dependents[d].append(label)
+        self.ready = deque(label for label in self.order if not self.waiting_on[label])
         self.targets: dict[Label, _TargetState] = {}
         # future -> (label, plan slot, action, miss reason, cached tree under --check)
         self.inflight: dict[Future, tuple[Label, Any, Action, str, Tree | None]] = {}
@@ -259,7 +268,8 @@ class _BuildRun:
             self.e.peaks.save()
         self.scheduler.join()
         if not self.failures and self.remaining and not self.e.options.dry_run:
-            self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, self.remaining))))
+            left = [t for t in self.order if t in self.remaining]
+            self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, left))))
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
                            unplanned)
@@ -276,26 +286,37 @@ class _BuildRun:
 
     def _fail(self, label: Label, err: BgraphError) -> None:
         self.failures.append(err)
-        self.failed.add(label)
-        self.targets.pop(label, None)
+        self._mark_failed(label)
         if not self.e.options.keep_going:
             self.stopping = True
             self.scheduler.cancel_pending()
 
+    def _mark_failed(self, label: Label) -> None:
+        """`label` failed: so does everything that needs it (they never become ready)."""
+        stack = [label]
+        while stack:
+            t = stack.pop()
+            if t in self.failed:
+                continue
+            self.failed.add(t)
+            self.remaining.discard(t)
+            self.targets.pop(t, None)
+            stack.extend(self.dependents.get(t, ()))
+
+    def _built(self, label: Label) -> None:
+        for t in self.dependents[label]:
+            self.waiting_on[t].discard(label)
+            if not self.waiting_on[t] and t in self.remaining:
+                self.ready.append(t)
+
     def _start_ready(self) -> None:
         """Plan every target whose dependencies are built."""
         e = self.e
-        for label in list(self.remaining):
-            if self.stopping:
-                return
-            needed = self._deps_of(label)
-            if any(d in self.failed for d in needed):
-                self.remaining.remove(label)
-                self.failed.add(label)
-                continue
-            if not all(d in self.outputs for d in needed):
-                continue
-            self.remaining.remove(label)
+        while self.ready and not self.stopping:
+            label = self.ready.popleft()
+            if label not in self.remaining:
+                continue  # failed meanwhile
+            self.remaining.discard(label)
             target = e.ws.targets[label]
             try:
                 expanded = expand_sources(e.ws, target)
@@ -313,7 +334,7 @@ class _BuildRun:
         a miss goes to the scheduler. The target is done when its plan returns."""
         e, state = self.e, self.targets[label]
         # Only _finished changes these, so a hit in this call is cut off or not for all of them.
-        upstream_dirty = state.executed_any or any(d in self.dirty for d in self._deps_of(label))
+        upstream_dirty = state.executed_any or any(d in self.dirty for d in self.deps[label])
         while ready:
             slot, action = ready.pop(0)
             decision = e.rebuilder.check(action, state.previous.get(action.name))
@@ -342,6 +363,7 @@ class _BuildRun:
             state.running += 1
         if state.plan.output is not None and not state.running:
             self.outputs[label] = state.plan.output
+            self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
             if trace != state.recorded:  # a no-op build rewrites no trace file
                 e.trace.save(str(label), trace)
