@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Benchmark: graph size. A package of N one-line genrules (each copies one source file) and one
 target that depends on all of them; the same graph as a build.ninja. Measured side by side:
-the cold build (bgraph only at N <= --cold-max), the no-op build, and `bgraph query` of the
-whole graph, with Ninja's no-op beside.
+the cold build and the no-op build (at N <= --cold-max), planning all N actions against an
+empty cache (`bgraph build --dry-run`: keys, cache lookups, sources stored; nothing runs) with
+its peak RSS, and `bgraph query` of the whole graph; Ninja's cold and no-op builds beside.
 
-Usage: python3 bench/scale.py [--sizes 1000,10000] [--cold-max 1000] [--json-out FILE]
+Usage: python3 bench/scale.py [--sizes 1000,10000,100000] [--cold-max 10000] [--json-out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import shutil
 import subprocess
@@ -42,18 +44,23 @@ def generate(root: Path, n: int) -> None:
                                                               "build out/count.txt: count"))
 
 
-def timed(argv, cwd) -> float:
-    start = time.monotonic()
-    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {argv}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return time.monotonic() - start
+def timed(argv, cwd, rss: bool = False):
+    """Wall seconds of one command (and its peak RSS in MiB, from wait4, with rss=True)."""
+    with tempfile.TemporaryFile() as out:
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            out.seek(0)
+            sys.exit(f"failed: {argv}\n{out.read()[-3000:].decode(errors='replace')}")
+    return (wall, usage.ru_maxrss / 1024) if rss else wall
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1000,10000")
-    ap.add_argument("--cold-max", type=int, default=1000)
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--cold-max", type=int, default=10000)
     ap.add_argument("--json-out")
     args = ap.parse_args()
     bgraph = [sys.executable, "-m", "build_graph"]
@@ -63,16 +70,20 @@ def main() -> None:
         generate(root, n)
         row = {"n": n}
         row["query_s"] = timed([*bgraph, "query", "deps(//many:all-of-them)"], root)
+        row["plan_s"], row["plan_rss_mib"] = timed(
+            [*bgraph, "--cache-dir", str(root / "plan-cache"), "build", "--dry-run", "//many:all-of-them"],
+            root, rss=True)
         if n <= args.cold_max:
             cache = root / "cache"
             row["cold_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "-j2", "//many:all-of-them"], root)
-            row["noop_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
+            row["noop_s"] = min(timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
+                                for _ in range(3))
         ninja = shutil.which("ninja")
         if ninja:
-            timed([ninja, "-j2"], root)
-            row["ninja_noop_s"] = timed([ninja], root)
+            row["ninja_cold_s"] = timed([ninja, "-j2"], root)
+            row["ninja_noop_s"] = min(timed([ninja], root) for _ in range(3))
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         rows.append(row)
-        print(json.dumps(row))
         shutil.rmtree(root, ignore_errors=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))

@@ -174,7 +174,7 @@ def cmd_exec(args, console: Console) -> int:
     import tempfile
     work = Path(tempfile.mkdtemp(dir=engine.cas.tmp))
     try:
-        return subprocess.call(engine.sandbox.command(action, work))
+        return subprocess.call(engine.sandbox.command(action, work), env=engine.sandbox.environment(action))
     finally:
         from build_graph.store.cas import rmtree
         rmtree(work)

@@ -277,3 +277,25 @@ def test_many_input_mounts_are_merged_into_one():
     assert [m for m, _ in mounts] == ["/bgraph/src", "/bgraph/in"]
     assert mounts[1][1].entries["d7/o.txt"] == f and len(mounts[1][1]) == MAX_MOUNTS + 1
     assert coalesced_mounts(inputs[:3]) == list(inputs[:3])  # few mounts: unchanged
+
+
+@requires_bwrap
+def test_an_action_with_thousands_of_inputs_and_variables_runs(tmp_path):
+    """A target with 4,000 dependencies: 4,000 mounts (merged) and 4,000 $IN_ variables, more
+    than bwrap's 9,000 arguments would hold as --setenv options."""
+    from build_graph.model import Action, Digester, Tree
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    f = cas.put_bytes(b"x\n")
+    n = 4000
+    action = Action(name="many", mnemonic="Genrule", argv=("/usr/bin/sh", "-c", 'ls /bgraph/in | wc -l > /bgraph/out/n; '
+                                                         'echo "$IN_D3999" > /bgraph/out/v'),
+                    env=tuple(sorted({f"IN_D{i}": f"/bgraph/in/d{i}" for i in range(n)}.items())),
+                    inputs=tuple((f"/bgraph/in/d{i}", Tree({"o.txt": f})) for i in range(n)),
+                    outputs=("n", "v"), host_paths=("/usr",))
+    tree, _result = BwrapRunner(cas).run(action)
+    assert cas.read_bytes(tree.entries["n"]).strip() == b"4000"
+    assert cas.read_bytes(tree.entries["v"]).strip() == b"/bgraph/in/d3999"
+    cas.close()
