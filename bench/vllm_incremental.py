@@ -6,11 +6,14 @@ workspace (`git archive` of --rev) and the user's cache, which must hold a full 
   (b) a Python-only patch (a line added to vllm/envs.py, as a patch under patches/vllm/): the
       number of compile-side actions run (goal 0) and the wall time of the new wheel
   (c) a patch to csrc/quantization/fp4/nvfp4_utils.cuh (a constexpr added in namespace vllm):
-      which TUs and which steps re-run, and the wall time
+      which TUs and which steps re-run, the wall time, and what `bgraph explain` gives as the
+      reason of each re-run compile step (it must name the header)
+  (d) arch 12.1a -> 12.1a + 12.0a, on the CI smoke subset (//vllm:smoke-fp4-sm121: the real
+      configure and vLLM's three FP4 quantization TUs): which actions run, per step and arch
 Each step starts from the previous one's patches removed (the cache makes that a no-op).
 
-Not measured here yet: (d) 12.1a -> 12.1a + 12.0a, and (e) vLLM's own `pip wheel` build with
-ccache, each about another hour on 2 cores.
+Not measured here: (d) on the whole wheel, and (e) vLLM's own `pip wheel` build with ccache, each
+about another hour or more on 2 cores.
 
 Usage: python3 bench/vllm_incremental.py [--rev HEAD] [--cache ~/.cache/bgraph] [--json-out FILE]
 """
@@ -42,10 +45,10 @@ def snapshot(rev: str) -> Path:
     return ws
 
 
-def build(ws: Path, cache: Path) -> tuple[float, dict]:
+def build(ws: Path, cache: Path, label: str = WHEEL) -> tuple[float, dict]:
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "build", "-j2",
-                           "--json", WHEEL], capture_output=True, text=True)
+                           "--json", label], capture_output=True, text=True)
     wall = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -106,8 +109,34 @@ def main() -> None:
         "by_step": {k: sum(1 for s in steps if s.startswith(k + " ")) for k in
                     ("hostpp", "devpp", "cudafe", "cicc", "ptxas", "hostcc", "compile")},
         "cut_off": summary["cut_off"]}
+    explain = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain",
+                              "--json", "//vllm:build-sm121"], capture_output=True, text=True, check=True)
+    reasons = {r["name"]: r["reason"] for r in json.loads(explain.stdout)
+               if r["status"] == "executed" and r["mnemonic"] in COMPILE_MNEMONICS}
+    result["c_header_patch"]["explain"] = {
+        "compile_steps": len(reasons),
+        "naming_the_header": sum("nvfp4_utils.cuh" in why for why in reasons.values()),
+        "example": next(iter(sorted(reasons.items())), None)}
     (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
     build(ws, cache)
+
+    smoke = "//vllm:smoke-fp4-sm121"
+    build(ws, cache, smoke)  # settle (shared with the full build's actions)
+    toml = ws / "targets" / "vllm.toml"
+    text = toml.read_text()
+    head, _, tail = text.partition("[smoke-fp4-sm121]")
+    toml.write_text(head + "[smoke-fp4-sm121]" + tail.replace('archs = "sm121"', 'archs = ["12.1a", "12.0a"]', 1))
+    wall, summary = build(ws, cache, smoke)
+    executed = [a for a in summary["actions"] if a["status"] == "executed"]
+    by_step: dict[str, int] = {}
+    for a in executed:
+        words = a["name"].split()
+        step = words[0] + (f" {words[-1]}" if words[0] in ("devpp", "cicc", "ptxas") else "")
+        by_step[step] = by_step.get(step, 0) + 1
+    result["d_add_arch_smoke"] = {
+        "wall_s": round(wall, 2), "executed": len(executed), "by_step": dict(sorted(by_step.items())),
+        "cut_off": summary["cut_off"], "hits": summary["hits"]}
+    toml.write_text(text)
     print(json.dumps(result, indent=1))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1))
