@@ -40,15 +40,22 @@ def _workspace(args) -> Workspace:
 
 def cmd_build(args, console: Console) -> int:
     from build_graph.engine import BuildOptions, Engine
+    from build_graph.errors import PlanError
     from build_graph.report import RichReporter, print_summary
+    from build_graph.workspace import host_platform
 
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
+    platform = args.platform or host_platform()
+    if platform != host_platform() and not args.dry_run:
+        raise PlanError(f"cannot build for {platform} on this {host_platform()} machine (no cross-builds yet)",
+                        hint=f"plan it with `bgraph build --dry-run --platform {platform} …`: every pin and key "
+                             "is resolved for that platform, nothing runs")
     options = BuildOptions(
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
-        check_sample=args.check_sample, dry_run=args.dry_run)
+        check_sample=args.check_sample, dry_run=args.dry_run, platform=platform)
     cache = cache_dir(ws, args.cache_dir)
     log_path = None
     if not args.json:
@@ -254,6 +261,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("-n", "--dry-run", action="store_true",
                    help="plan and look up the cache, run nothing: list the actions that would run "
                         "(those that wait on their outputs cannot be planned yet)")
+    b.add_argument("--platform", choices=["x86_64", "aarch64"],
+                   help="the host platform to plan for (default: this machine's); another one only with --dry-run")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)

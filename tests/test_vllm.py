@@ -32,6 +32,29 @@ def test_all_three_wheels_resolve_for_both_platforms():
     assert ws.count("[pins.py-") == 29 and "torch-2.14.0-cp311-cp311-manylinux_2_28_aarch64.whl" in ws
 
 
+def test_the_aarch64_graph_plans_every_pin_for_aarch64(tmp_path):
+    """`--dry-run --platform aarch64`: the fetches planned for the wheel's closure (those of
+    targets that wait on no other target's output) resolve a pinned file for aarch64 (a pin
+    without one is an error), and the platform-specific ones get other keys."""
+    keys = {}
+    for platform in ("x86_64", "aarch64"):
+        run = bgraph(tmp_path / "cache", "build", "--json", "--dry-run", "--platform", platform, "//wheels:vllm-sm121")
+        assert run.returncode == 0, run.stderr
+        fetches = {f"{a['label']} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
+                   if a["mnemonic"] == "Fetch"}
+        assert len(fetches) >= 33
+        keys[platform] = fetches
+    assert keys["x86_64"].keys() == keys["aarch64"].keys()
+    differ = {name for name in keys["x86_64"] if keys["x86_64"][name] != keys["aarch64"][name]}
+    assert {"//vllm:torch-env fetch py-torch", "//vllm:torch-env fetch py-triton",
+            "//toolchains:cmake-wheel fetch cmake"} <= differ
+    assert "//sources:vllm-sdist fetch vllm-sdist" not in differ  # an sdist is the same file everywhere
+    assert not (tmp_path / "cache" / "v1" / "blake3" / "cas").exists() or not any(
+        (tmp_path / "cache" / "v1" / "blake3" / "cas").rglob("*")), "a dry run downloaded something"
+    refused = bgraph(tmp_path / "cache", "build", "--platform", "aarch64", "//wheels:vllm-sm121")
+    assert refused.returncode == 2 and "no cross-builds yet" in refused.stderr
+
+
 def test_offline_configure_import_and_fp4_quantization_tus(tmp_path):
     cache = tmp_path / "cache"
     run = bgraph(cache, "build", "--json", "-j2", SMOKE, "//toolchains:cuobjdump")
