@@ -42,7 +42,7 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.engine import BuildOptions, Engine
     from build_graph.errors import PlanError
     from build_graph.report import RichReporter, print_summary
-    from build_graph.workspace import host_platform
+    from build_graph.workspace import host_platform, remote_settings
 
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
@@ -51,7 +51,15 @@ def cmd_build(args, console: Console) -> int:
         raise PlanError(f"cannot build for {platform} on this {host_platform()} machine (no cross-builds yet)",
                         hint=f"plan it with `bgraph build --dry-run --platform {platform} …`: every pin and key "
                              "is resolved for that platform, nothing runs")
+    overrides = {k: v for k, v in (("url", args.remote_cache), ("signing_key", args.remote_signing_key))
+                 if v is not None}
+    if args.remote_upload:
+        overrides["upload"] = True
+    if args.remote_trusted_key:
+        overrides["trusted_keys"] = args.remote_trusted_key
+    remote = remote_settings(ws, overrides)
     options = BuildOptions(
+        remote=remote if remote.url else None,
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
@@ -64,7 +72,8 @@ def cmd_build(args, console: Console) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / time.strftime("build-%Y%m%d-%H%M%S.log")
     reporter = RichReporter(console, options.jobs, args.verbose, log_path) if not args.json else None
-    engine = Engine(ws, cache, options, reporter)
+    engine = Engine(ws, cache, options, reporter,
+                    warn=lambda message: console.print("[yellow]warning:[/] " + _escape(message), highlight=False))
     result = engine.build(labels)
     compared = None
     if args.check_against:
@@ -263,6 +272,12 @@ def parser() -> argparse.ArgumentParser:
                         "(those that wait on their outputs cannot be planned yet)")
     b.add_argument("--platform", choices=["x86_64", "aarch64"],
                    help="the host platform to plan for (default: this machine's); another one only with --dry-run")
+    b.add_argument("--remote-cache", metavar="URL",
+                   help="shared cache behind the local one: http(s)://host:port/prefix ('' turns it off)")
+    b.add_argument("--remote-upload", action="store_true", help="write results to the remote cache (meant for CI)")
+    b.add_argument("--remote-signing-key", metavar="FILE", help="ed25519 private key that signs uploaded results")
+    b.add_argument("--remote-trusted-key", metavar="HEX", action="append",
+                   help="accept only remote results signed by this ed25519 public key (repeatable)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)

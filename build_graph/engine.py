@@ -4,6 +4,7 @@ scheduler, store results, record reasons in the trace, and tell the reporter."""
 from __future__ import annotations
 
 import errno
+import os
 import random
 import time
 from collections import deque
@@ -49,6 +50,7 @@ class BuildOptions:
     check: bool = False
     check_sample: int | None = None
     dry_run: bool = False  # plan and look up the cache; run nothing
+    remote: Any = None  # a workspace.RemoteSection with a url: the shared cache behind the local one
     platform: str = field(default_factory=host_platform)
 
 
@@ -60,6 +62,7 @@ class BuildResult:
     wall_s: float
     requested: list[Label]
     unplanned: list[Label] = field(default_factory=list)  # --dry-run: targets waiting on a miss
+    remote: dict[str, Any] | None = None  # what the remote cache did, when one is configured
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
@@ -78,6 +81,7 @@ class BuildResult:
             "actions": [dict(r.__dict__) for r in self.records],
             "errors": [e.render() for e in self.failures],
             **({"targets_unplanned": [str(t) for t in self.unplanned]} if self.unplanned else {}),
+            **({"remote": self.remote} if self.remote is not None else {}),
         }
 
 
@@ -99,7 +103,7 @@ class NullReporter:
 
 class Engine:
     def __init__(self, ws: Workspace, cache_dir: Path, options: BuildOptions | None = None,
-                 reporter: Reporter | None = None):
+                 reporter: Reporter | None = None, warn=None):
         self.ws = ws
         self.options = options or BuildOptions()
         self.reporter = reporter or NullReporter()
@@ -107,6 +111,10 @@ class Engine:
         self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
+        self.remote = None
+        if self.options.remote is not None and self.options.remote.url:
+            self.ac = self.remote = _layered(self.ac, self.cas, self.digester, self.options.remote,
+                                             warn or (lambda message: None))
         self.trace = Trace(self.cas.base, self.cas.tmp)
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
@@ -198,6 +206,17 @@ class Engine:
         return links
 
 
+def _layered(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn):
+    """The action cache with the configured remote behind the local one."""
+    from build_graph.store.layered import LayeredActionCache
+    from build_graph.store.remote import open_remote
+    from build_graph.store.signing import Signer, Trust
+
+    signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
+    return LayeredActionCache(local, cas, open_remote(settings.url, settings.timeout_s), digester,
+                              upload=settings.upload, signer=signer, trust=Trust(settings.trusted_keys), warn=warn)
+
+
 @dataclass
 class _TargetState:
     """One target's progress within one build."""
@@ -272,7 +291,7 @@ class _BuildRun:
             self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, left))))
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
-                           unplanned)
+                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None)
 
     def _deps_of(self, label: Label) -> list[Label]:
         target = self.e.ws.targets[label]

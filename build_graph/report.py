@@ -101,6 +101,10 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(f"{state}: executed {summary['executed']}, cache hits {summary['hits']}, "
                   f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s",
                   highlight=False)
+    if "remote" in summary:
+        r = summary["remote"]
+        console.print(f"remote cache: {r['hits']} hits, {r['misses']} misses, {r['ignored']} ignored, "
+                      f"{r['uploaded']} uploaded", highlight=False)
     if summary["differing"]:
         console.print(f"[red]{len(summary['differing'])} action(s) produced different outputs:[/]")
         for d in summary["differing"]:

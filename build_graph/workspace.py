@@ -10,6 +10,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -47,6 +48,18 @@ class Defaults(Strict):
     cache_dir: str | None = Field(None, description="cache directory; $BGRAPH_CACHE wins, else ~/.cache/bgraph")
     jobs: int | None = Field(None, ge=1, description="parallel actions (default: cores)")
     max_mem_mb: int | None = Field(None, ge=64, description="memory budget for running actions")
+
+
+class RemoteSection(Strict):
+    """The shared cache (WORKSPACE.toml [remote], or the user's ~/.config/bgraph/config.toml)."""
+
+    url: str | None = Field(None, description="http(s)://host[:port]/prefix (Bazel's HTTP cache protocol)")
+    upload: bool = Field(False, description="write results to the remote (meant for CI; or --remote-upload)")
+    trusted_keys: list[str] = Field(default_factory=list,
+                                    description="ed25519 public keys (hex): when set, only results one of them signed are used")
+    signing_key: str | None = Field(None, description="file with the ed25519 private key that signs uploads "
+                                                      "(user config only: never commit it)")
+    timeout_s: float = Field(10.0, gt=0, description="seconds per request")
 
 
 class PinFile(Strict):
@@ -107,6 +120,7 @@ class Pin(Strict):
 class WorkspaceModel(Strict):
     workspace: WorkspaceSection
     defaults: Defaults = Defaults()
+    remote: RemoteSection = RemoteSection()
     arch_sets: dict[str, list[str]] = Field(default_factory=dict, description="named arch lists")
     pins: dict[str, Pin] = Field(default_factory=dict, description="pinned external inputs")
 
@@ -299,3 +313,34 @@ def load(root: Path) -> Workspace:
             dep_label = parse_label(dep, package=target.label.package, where=loc)
             workspace.target(dep_label, where_=loc)
     return workspace
+
+
+class UserConfig(Strict):
+    """~/.config/bgraph/config.toml: settings of this user and machine, over the workspace's."""
+
+    remote: dict[str, Any] = Field(default_factory=dict, description="overrides of WORKSPACE.toml [remote]")
+
+
+def user_config_path() -> Path:
+    """$BGRAPH_CONFIG, else $XDG_CONFIG_HOME/bgraph/config.toml, else ~/.config/bgraph/config.toml."""
+    explicit = os.environ.get("BGRAPH_CONFIG")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "bgraph" / "config.toml"
+
+
+def remote_settings(ws: Workspace, overrides: dict[str, Any]) -> RemoteSection:
+    """The [remote] settings: WORKSPACE.toml, then the user config file, then `overrides`
+    (command-line flags that were given)."""
+    merged = ws.model.remote.model_dump(exclude_unset=True)
+    path = user_config_path()
+    if path.is_file():
+        data, text = _read_toml(path, str(path))
+        try:
+            merged.update(RemoteSection.model_validate(UserConfig.model_validate(data).remote)
+                          .model_dump(exclude_unset=True))
+        except ValidationError as e:
+            raise _validation_error(e, str(path), text, ["remote"]) from None
+    merged.update(overrides)
+    return RemoteSection.model_validate(merged)

@@ -421,6 +421,37 @@ class LocalCas:
         self._stored_trees.add(root)
         return root
 
+    def node_bytes(self, digest: str) -> bytes | None:
+        """A directory node's stored bytes, if present and sound (a bad one is removed)."""
+        p = _shard(self.dirs, digest)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            return None
+        if self.digester.of(raw) != digest:
+            p.unlink(missing_ok=True)
+            return None
+        return raw
+
+    def put_node(self, digest: str, raw: bytes) -> None:
+        """Store a directory node that came from elsewhere (the caller checked its digest)."""
+        dest = _shard(self.dirs, digest)
+        if dest.exists():
+            return
+        dest.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, dest)
+
+    def has_digest(self, digest: str) -> bool:
+        """Whether a sound blob with this digest is stored (its size taken from disk)."""
+        try:
+            size = self.blob_path(digest).stat().st_size
+        except FileNotFoundError:
+            return False
+        return self.verify(FileEntry(digest, size))
+
     def get_tree(self, digest: str) -> Tree:
         entries: dict[str, object] = {}
 

@@ -1,0 +1,218 @@
+"""The action cache, local first, then a remote one: the same interface as LocalActionCache, so
+the rebuilder and engine never know which they have.
+
+A remote hit is taken only whole and verified: the entry's envelope (checked against the
+trusted keys, when some are configured), then every directory node and blob of its outputs,
+each hashed against its digest before it enters the local store; then the entry is filed
+locally. Anything missing, wrong or unsigned makes it a miss, said in one warning line.
+Uploads (only with upload=True, meant for CI) send the blobs and nodes first and the entry last,
+so a reader never sees an entry whose outputs are not there yet.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from build_graph.model import ActionResult, Digester
+from build_graph.store.action_cache import LocalActionCache
+from build_graph.store.cas import LocalCas
+from build_graph.store.remote import RemoteCache, RemoteUnavailable
+from build_graph.store.signing import Signer, Trust, signed_message
+
+MANIFEST_SUFFIX = ".reads"  # remote key of a depfile manifest: <prekey>.reads
+
+
+@dataclass
+class RemoteStats:
+    hits: int = 0
+    misses: int = 0
+    ignored: int = 0
+    uploaded: int = 0
+    downloaded_bytes: int = 0
+    uploaded_bytes: int = 0
+    ignored_why: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "ignored_why"} | {"ignored_why": self.ignored_why[:20]}
+
+
+class Ignored(Exception):
+    """A remote entry that cannot be used (the message says why)."""
+
+
+class LayeredActionCache:
+    def __init__(self, local: LocalActionCache, cas: LocalCas, remote: RemoteCache, digester: Digester, *,
+                 upload: bool = False, signer: Signer | None = None, trust: Trust | None = None,
+                 warn: Callable[[str], None] = lambda message: None):
+        self.local, self.cas, self.remote, self.digester = local, cas, remote, digester
+        self.upload, self.signer, self.trust = upload, signer, trust or Trust([])
+        self.stats = RemoteStats()
+        self._warn = warn
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- the LocalActionCache interface --------------------------------------------------
+    def get(self, key: str) -> ActionResult | None:
+        result = self.local.get(key)
+        if result is not None:
+            return result
+        try:
+            body = self._read_entry(key, "result")
+            if body is None:
+                self.stats.misses += 1
+                return None
+            result = ActionResult.from_json(body)
+            self._pull(result)
+        except RemoteUnavailable as e:
+            self._unavailable(e)
+            return None
+        except Ignored as e:
+            self.stats.ignored += 1
+            self.stats.ignored_why.append(f"{key[:12]}: {e}")
+            self.warn_once(f"ignored:{e}", f"remote cache: ignored the entry for action {key[:12]}… ({e}); "
+                                           "building it here")
+            return None
+        self.local.put(key, result)
+        self.stats.hits += 1
+        return result
+
+    def put(self, key: str, result: ActionResult) -> None:
+        self.local.put(key, result)
+        if self.upload:
+            try:
+                self._push(result)
+                self._write_entry(key, "result", result.to_json())
+                self.stats.uploaded += 1
+            except RemoteUnavailable as e:
+                self._unavailable(e)
+
+    def touch(self, key: str) -> None:
+        self.local.touch(key)
+
+    def remove(self, key: str) -> None:
+        self.local.remove(key)
+
+    def get_manifest(self, prekey: str) -> list[dict]:
+        entries = self.local.get_manifest(prekey)
+        try:
+            remote = self._read_entry(prekey + MANIFEST_SUFFIX, "manifest") or []
+        except RemoteUnavailable as e:
+            self._unavailable(e)
+            return entries
+        except Ignored as e:
+            self.warn_once(f"ignored:{e}", f"remote cache: ignored a depfile manifest ({e})")
+            return entries
+        seen = {e.get("key") for e in entries}
+        return entries + [e for e in remote if isinstance(e, dict) and e.get("key") not in seen]
+
+    def add_manifest(self, prekey: str, entry: dict, keep: int = 8) -> None:
+        self.local.add_manifest(prekey, entry, keep)
+        if not self.upload:
+            return
+        try:
+            try:
+                remote = self._read_entry(prekey + MANIFEST_SUFFIX, "manifest") or []
+            except Ignored:
+                remote = []
+            merged = [entry] + [e for e in remote if isinstance(e, dict) and e.get("key") != entry["key"]]
+            self._write_entry(prekey + MANIFEST_SUFFIX, "manifest", merged[:keep])
+        except RemoteUnavailable as e:
+            self._unavailable(e)
+
+    # -- envelopes -------------------------------------------------------------------------
+    def _read_entry(self, key: str, kind: str):
+        raw = self.remote.get_entry(key)
+        if raw is None:
+            return None
+        try:
+            env = json.loads(raw)
+            body = env["body"]
+            if env.get("v") != 1 or env.get("key") != key or env.get("kind") != kind:
+                raise Ignored("an entry filed under another key")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise Ignored("not a bgraph cache entry") from None
+        why = self.trust.check(signed_message(key, kind, body), env.get("sig"), env.get("pub"))
+        if why:
+            raise Ignored(why)
+        return body
+
+    def _write_entry(self, key: str, kind: str, body) -> None:
+        message = signed_message(key, kind, body)
+        env = {"v": 1, "key": key, "kind": kind, "body": body,
+               "sig": self.signer.sign(message) if self.signer else None,
+               "pub": self.signer.public_hex if self.signer else None}
+        self.remote.put_entry(key, json.dumps(env, sort_keys=True).encode())
+
+    # -- blobs and nodes -------------------------------------------------------------------
+    def _fetch_verified(self, digest: str, size: int | None, what: str) -> bytes:
+        data = self.remote.get_blob(digest)
+        if data is None:
+            raise Ignored(f"its {what} {digest[:12]}… is missing from the remote")
+        if (size is not None and len(data) != size) or self.digester.of(data) != digest:
+            raise Ignored(f"its {what} {digest[:12]}… has wrong contents on the remote")
+        self.stats.downloaded_bytes += len(data)
+        return data
+
+    def _pull(self, result: ActionResult) -> None:
+        """Bring every node and blob the result names into the local store, verified."""
+        stack = [result.output_tree]
+        files: dict[str, int | None] = {}
+        while stack:
+            d = stack.pop()
+            raw = self.cas.node_bytes(d)
+            if raw is None:
+                raw = self._fetch_verified(d, None, "directory node")
+                self.cas.put_node(d, raw)
+            try:
+                node = json.loads(raw)
+                for _name, fd, size, _ex in node["files"]:
+                    files[fd] = size
+                stack.extend(sub for _name, sub in node["dirs"])
+            except (ValueError, KeyError, TypeError):
+                raise Ignored(f"its directory node {d[:12]}… is not one") from None
+        for d in (result.stdout, result.stderr):
+            files.setdefault(d, None)
+        from build_graph.model import FileEntry
+        for d, size in files.items():
+            if size is not None and self.cas.verify(FileEntry(d, size)):
+                continue
+            if size is None and self.cas.has_digest(d):
+                continue
+            self.cas.put_bytes(self._fetch_verified(d, size, "output blob"))
+
+    def _push(self, result: ActionResult) -> None:
+        stack = [result.output_tree]
+        blobs = {result.stdout, result.stderr}
+        nodes = []
+        while stack:
+            d = stack.pop()
+            raw = self.cas.node_bytes(d)
+            if raw is None:
+                return  # not whole here (evicted meanwhile): upload nothing
+            nodes.append((d, raw))
+            node = json.loads(raw)
+            blobs.update(fd for _name, fd, _size, _ex in node["files"])
+            stack.extend(sub for _name, sub in node["dirs"])
+        for d in sorted(blobs):
+            if not self.remote.has_blob(d):
+                data = self.cas.blob_path(d).read_bytes()
+                self.remote.put_blob(d, data)
+                self.stats.uploaded_bytes += len(data)
+        for d, raw in nodes:  # nodes after the blobs they name, the entry last
+            if not self.remote.has_blob(d):
+                self.remote.put_blob(d, raw)
+
+    # -- warnings --------------------------------------------------------------------------
+    def warn_once(self, kind: str, message: str) -> None:
+        with self._lock:
+            if kind in self._warned:
+                return
+            self._warned.add(kind)
+        self._warn(message)
+
+    def _unavailable(self, e: RemoteUnavailable) -> None:
+        self.warn_once("unavailable", f"remote cache {self.remote.url} unavailable ({e}); "
+                                      "building locally")

@@ -1,0 +1,144 @@
+"""A remote cache over HTTP: the paths and methods of Bazel's HTTP cache protocol
+(`GET/PUT/HEAD <base>/cas/<digest>`, `<base>/ac/<key>`), served by any WebDAV-capable server
+(nginx with `dav_methods PUT`). The bodies under /ac are bgraph's own JSON envelopes (see
+layered.py); under /cas, a blob's or directory node's bytes.
+
+Transport faults (refused, timeouts, 5xx, short bodies) raise RemoteUnavailable; a circuit
+breaker stops calling a remote that failed several times in a row, so a dead server costs one
+warning and a few timeouts, not one per action.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+
+class RemoteUnavailable(Exception):
+    """The remote could not be reached or answered with a server error."""
+
+
+class RemoteCache(Protocol):
+    """What the layered store needs of a remote: bytes by digest, envelopes by key."""
+
+    url: str
+
+    def get_blob(self, digest: str) -> bytes | None: ...
+    def has_blob(self, digest: str) -> bool: ...
+    def put_blob(self, digest: str, data: bytes) -> None: ...
+    def get_entry(self, key: str) -> bytes | None: ...
+    def put_entry(self, key: str, data: bytes) -> None: ...
+
+
+class CircuitBreaker:
+    """Open after `limit` consecutive failures: then every call is refused at once."""
+
+    def __init__(self, limit: int = 3):
+        self.limit, self.failures, self.open = limit, 0, False
+        self._lock = threading.Lock()
+
+    def success(self) -> None:
+        with self._lock:
+            self.failures = 0
+
+    def failure(self) -> bool:
+        """Count a failure; True when this one opened the breaker."""
+        with self._lock:
+            self.failures += 1
+            if not self.open and self.failures >= self.limit:
+                self.open = True
+                return True
+            return False
+
+
+class HttpRemote:
+    """Bazel's HTTP cache protocol with one pooled, keep-alive session."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0, breaker: CircuitBreaker | None = None):
+        import requests
+        from requests.adapters import HTTPAdapter
+
+        self.url = url.rstrip("/")
+        self.timeout = (min(timeout_s, 5.0), timeout_s)  # (connect, read)
+        self.breaker = breaker or CircuitBreaker()
+        self._local = threading.local()
+        self._requests = requests
+        self._adapter = HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+
+    def _session(self):
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = self._requests.Session()
+            s.mount("http://", self._adapter)
+            s.mount("https://", self._adapter)
+        return s
+
+    def _call(self, method: str, path: str, data: bytes | None = None):
+        if self.breaker.open:
+            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
+        try:
+            r = self._session().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout)
+            if r.status_code >= 500:
+                raise RemoteUnavailable(f"HTTP {r.status_code} for {method} /{path}")
+            if method == "GET" and r.status_code == 200:
+                expected = r.headers.get("Content-Length")
+                if expected is not None and int(expected) != len(r.content):
+                    raise RemoteUnavailable(f"short body for /{path}: {len(r.content)} of {expected} bytes")
+        except self._requests.RequestException as e:
+            self.breaker.failure()
+            raise RemoteUnavailable(_short(e)) from None
+        except RemoteUnavailable:
+            self.breaker.failure()
+            raise
+        self.breaker.success()
+        return r
+
+    def _get(self, path: str) -> bytes | None:
+        r = self._call("GET", path)
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise RemoteUnavailable(f"HTTP {r.status_code} for GET /{path}")
+        return r.content
+
+    def _put(self, path: str, data: bytes) -> None:
+        r = self._call("PUT", path, data)
+        if r.status_code not in (200, 201, 204):
+            raise RemoteUnavailable(f"HTTP {r.status_code} for PUT /{path}")
+
+    def get_blob(self, digest: str) -> bytes | None:
+        return self._get(f"cas/{digest}")
+
+    def has_blob(self, digest: str) -> bool:
+        r = self._call("HEAD", f"cas/{digest}")
+        return r.status_code == 200
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        self._put(f"cas/{digest}", data)
+
+    def get_entry(self, key: str) -> bytes | None:
+        return self._get(f"ac/{key}")
+
+    def put_entry(self, key: str, data: bytes) -> None:
+        self._put(f"ac/{key}", data)
+
+
+def _short(e: Exception) -> str:
+    """One line for a transport error (requests nests the cause several levels deep)."""
+    text = str(e)
+    for marker in ("Connection refused", "timed out", "Name or service not known", "Connection reset"):
+        if marker in text:
+            return marker
+    return text.splitlines()[0][:160] if text else type(e).__name__
+
+
+def open_remote(url: str, timeout_s: float = 10.0) -> RemoteCache:
+    """The remote cache a URL names: http(s)://… (gRPC REAPI is not implemented yet)."""
+    from build_graph.errors import LoadError
+
+    if url.startswith(("http://", "https://")):
+        return HttpRemote(url, timeout_s)
+    if url.startswith(("grpc://", "grpcs://")):
+        raise LoadError(f"remote cache {url}: the gRPC REAPI client is not implemented yet",
+                        hint="use an HTTP cache (nginx with WebDAV PUT); see docs/remote-cache.md")
+    raise LoadError(f"remote cache {url!r}: not an http://, https:// or grpc:// URL")

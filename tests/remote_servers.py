@@ -1,0 +1,145 @@
+"""Real servers for the remote-cache tests, started on 127.0.0.1 by the tests themselves: nginx
+with WebDAV PUT (Debian's nginx), and small misbehaving TCP servers for the fault tests."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+requires_nginx = pytest.mark.skipif(NGINX is None, reason="nginx is not installed (apt-get install -y nginx "
+                                                          "libnginx-mod-http-dav-ext)")
+
+CONF = """
+worker_processes 1;
+daemon off;
+user {user};
+pid {run}/nginx.pid;
+error_log {run}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+  client_body_temp_path {run}/body;
+  proxy_temp_path {run}/proxy;
+  fastcgi_temp_path {run}/fastcgi;
+  uwsgi_temp_path {run}/uwsgi;
+  scgi_temp_path {run}/scgi;
+  client_max_body_size 0;
+  server {{
+    listen 127.0.0.1:{port};
+    root {store};
+    location / {{
+      dav_methods PUT DELETE;
+      create_full_put_path on;
+      dav_access user:rw group:r all:r;
+    }}
+  }}
+  server {{
+    listen 127.0.0.1:{broken_port};
+    location / {{ return 503; }}
+  }}
+}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+class Nginx:
+    """nginx serving `store` over WebDAV PUT at `url`; `broken_url` answers 503 to everything."""
+
+    def __init__(self, root: Path):
+        self.run_dir, self.store = root / "run", root / "store"
+        for d in (self.run_dir, self.store):
+            d.mkdir(parents=True)
+        self.port, self.broken_port = free_port(), free_port()
+        user = "root" if _is_root() else ""
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(CONF.format(run=self.run_dir, store=self.store, port=self.port,
+                                    broken_port=self.broken_port, user=user or "nobody"))
+        if not user:
+            conf.write_text(conf.read_text().replace("user nobody;\n", ""))
+        self.proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(self.run_dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _wait_for(self.port)
+            _wait_for(self.broken_port)
+        except RuntimeError:
+            self.stop()
+            raise RuntimeError("nginx did not start: " + (self.run_dir / "error.log").read_text()[-2000:])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/cache"
+
+    @property
+    def broken_url(self) -> str:
+        return f"http://127.0.0.1:{self.broken_port}/cache"
+
+    def files(self, kind: str) -> list[Path]:
+        d = self.store / "cache" / kind
+        return sorted(p for p in d.iterdir()) if d.exists() else []
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _is_root() -> bool:
+    import os
+    return os.geteuid() == 0
+
+
+class SilentServer:
+    """Accepts connections and never answers (a hung server: requests must time out)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.held.append(conn)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/cache"
+
+    def stop(self) -> None:
+        self.sock.close()
+        for c in self.held:
+            c.close()

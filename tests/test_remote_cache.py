@@ -1,0 +1,179 @@
+"""The remote cache against a real nginx (WebDAV PUT) started on 127.0.0.1: sharing between
+caches and workspace directories, read-only by default, faults, poisoning and signatures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from bgraph_testlib import requires_bwrap, statuses
+from remote_servers import Nginx, SilentServer, free_port, requires_nginx
+
+pytestmark = [requires_bwrap, requires_nginx]
+
+FILES = {
+    "in.txt": "alpha\nbeta\n",
+    "targets/p.toml": '''[a]
+kind = "genrule"
+srcs = ["in.txt"]
+outs = ["a.txt"]
+cmd = "sort -r $SRC/in.txt > $OUT/a.txt"
+
+[b]
+kind = "genrule"
+outs = ["b.txt", "sub/c.txt"]
+deps = { a = ":a" }
+cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt; echo nested > $OUT/sub/c.txt"
+''',
+}
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    server = Nginx(tmp_path / "nginx")
+    yield server
+    server.stop()
+
+
+def build(ws, *args):
+    run = ws.build("//p:b", args=args)
+    assert run.rc == 0, run.stderr
+    return run
+
+
+def outputs(summary) -> dict[str, str]:
+    return {f"{a['label']} {a['name']}": a["key"] for a in summary["actions"]}
+
+
+def test_a_fresh_cache_in_another_directory_runs_nothing(make_ws, nginx):
+    first = make_ws(FILES, name="one")
+    up = build(first, "--remote-cache", nginx.url, "--remote-upload")
+    assert up.json["executed"] == 2 and up.json["remote"]["uploaded"] == 2
+    assert len(nginx.files("ac")) == 2 and nginx.files("cas")
+    second = make_ws(FILES, name="elsewhere")  # another workspace dir, another (empty) cache
+    down = build(second, "--remote-cache", nginx.url)
+    assert down.json["executed"] == 0 and down.json["remote"]["hits"] == 2
+    assert outputs(down.json) == outputs(up.json)
+    for path in ("b.txt", "sub/c.txt"):
+        assert second.read_output("//p:b", path) == first.read_output("//p:b", path)
+    assert second.cli("cache", "verify").rc == 0
+    # The hits were filed locally: the remote is not needed any more.
+    assert build(second, "--remote-cache", "http://127.0.0.1:9/none").json["executed"] == 0
+
+
+def test_builds_only_read_unless_told_to_upload(make_ws, nginx):
+    ws = make_ws(FILES)
+    run = build(ws, "--remote-cache", nginx.url)
+    assert run.json["remote"]["misses"] == 2 and run.json["remote"]["uploaded"] == 0
+    assert nginx.files("ac") == [] and nginx.files("cas") == []
+
+
+def test_the_remote_can_come_from_workspace_toml_and_user_config(make_ws, nginx, tmp_path):
+    ws = make_ws(FILES)
+    ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + f'\n[remote]\nurl = "{nginx.url}"\n'})
+    config = tmp_path / "config.toml"
+    config.write_text("[remote]\nupload = true\n")
+    run = ws.build("//p:b", env={"BGRAPH_CONFIG": str(config)})
+    assert run.rc == 0 and run.json["remote"]["uploaded"] == 2
+    config.write_text("[remote]\nupload = true\nbogus = 1\n")
+    bad = ws.build("//p:b", env={"BGRAPH_CONFIG": str(config)})
+    assert bad.rc == 2 and "config.toml" in bad.stderr and "unknown key 'bogus'" in bad.stderr
+
+
+@pytest.mark.parametrize("fault", ["refused", "503", "hung"])
+def test_an_unusable_remote_costs_one_warning_and_the_build_succeeds(make_ws, nginx, fault):
+    ws = make_ws(FILES)
+    silent = SilentServer() if fault == "hung" else None
+    url = {"refused": f"http://127.0.0.1:{free_port()}/cache", "503": nginx.broken_url,
+           "hung": silent.url if silent else ""}[fault]
+    if fault == "hung":  # a short timeout, from WORKSPACE.toml
+        ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + "\n[remote]\ntimeout_s = 1\n"})
+    start = time.monotonic()
+    run = ws.build("//p:b", args=("--remote-cache", url, "--remote-upload"))
+    took = time.monotonic() - start
+    if silent:
+        assert silent.accepted <= 4  # the circuit breaker stopped calling it (3 failures, 2 threads)
+        silent.stop()
+    assert run.rc == 0, run.stderr
+    assert statuses(run.json) == {"//p:a": "executed", "//p:b": "executed"}
+    assert run.stderr.count("remote cache") == 1 and "unavailable" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert took < 30
+    assert ws.read_output("//p:b", "sub/c.txt") == "nested\n"
+
+
+def corrupt_remote(nginx, how: str) -> None:
+    blobs = [p for p in nginx.files("cas") if p.stat().st_size > 0]
+    for p in blobs:  # every blob: whichever the entries name
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2] if how == "truncated" else b"X" + data[1:])
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped"])
+def test_wrong_remote_bytes_never_enter_the_local_store(make_ws, nginx, how):
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, "--remote-upload")
+    corrupt_remote(nginx, how)
+    reader = make_ws(FILES, name="reader")
+    run = build(reader, "--remote-cache", nginx.url)
+    assert run.json["executed"] == 2 and run.json["remote"]["ignored"] >= 1
+    assert "ignored the entry" in run.stderr and "building it here" in run.stderr
+    assert reader.read_output("//p:b", "b.txt").strip() == "2"
+    assert reader.cli("cache", "verify").rc == 0
+
+
+def forge(nginx, change) -> None:
+    """Rewrite every action-cache envelope on the server with `change(envelope)`."""
+    for p in nginx.files("ac"):
+        env = json.loads(p.read_bytes())
+        change(env)
+        p.write_text(json.dumps(env))
+
+
+def test_an_entry_naming_outputs_the_remote_lacks_is_a_miss(make_ws, nginx):
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, "--remote-upload")
+    forge(nginx, lambda env: env["body"].update(output_tree="0" * 64))
+    run = build(make_ws(FILES, name="reader"), "--remote-cache", nginx.url)
+    assert run.json["executed"] == 2 and "missing from the remote" in run.stderr
+
+
+def test_signed_results_are_used_and_forged_ones_are_ignored(make_ws, nginx, tmp_path):
+    from build_graph.store.signing import generate_key
+
+    ci_key, other_key = tmp_path / "ci.key", tmp_path / "other.key"
+    ci_pub, other_pub = generate_key(ci_key), generate_key(other_key)
+    writer = make_ws(FILES, name="writer")
+    build(writer, "--remote-cache", nginx.url, "--remote-upload", "--remote-signing-key", str(ci_key))
+    trusted = ("--remote-cache", nginx.url, "--remote-trusted-key", ci_pub)
+    ok = build(make_ws(FILES, name="reader1"), *trusted)
+    assert ok.json["executed"] == 0 and ok.json["remote"]["hits"] == 2
+    # Not signed by a trusted key: ignored, rebuilt here.
+    untrusted = build(make_ws(FILES, name="reader2"), "--remote-cache", nginx.url, "--remote-trusted-key", other_pub)
+    assert untrusted.json["executed"] == 2 and "signed by an untrusted key" in untrusted.stderr
+    # A machine without the key rewrites a result: the signature no longer matches.
+    saved = {p: p.read_bytes() for p in nginx.files("ac")}
+    forge(nginx, lambda env: env["body"].update(exit_code=1))
+    tampered = build(make_ws(FILES, name="reader3"), *trusted)
+    assert tampered.json["executed"] >= 1 and "wrong signature" in tampered.stderr
+    # Unsigned uploads (any machine can write to an open cache) are ignored too.
+    for p, data in saved.items():
+        p.write_bytes(data)
+    forge(nginx, lambda env: env.update(sig=None, pub=None))
+    unsigned = build(make_ws(FILES, name="reader4"), *trusted)
+    assert unsigned.json["executed"] == 2 and "unsigned" in unsigned.stderr
+
+
+def test_cuda_kernels_come_from_the_remote_with_no_compile(tmp_path, nginx):
+    """Real nvcc steps (depfile-narrowed preprocessing included) through the remote."""
+    from test_cuda_library import archive_bytes, build as cuda_build, write_workspace
+
+    one = write_workspace(tmp_path / "one" / "ws", archs='["12.1a"]')
+    two = write_workspace(tmp_path / "two" / "other", archs='["12.1a"]')
+    up = cuda_build(one, tmp_path / "cache1", "--remote-cache", nginx.url, "--remote-upload")
+    assert up["executed"] > 10
+    down = cuda_build(two, tmp_path / "cache2", "--remote-cache", nginx.url)
+    assert down["executed"] == 0, [a["name"] for a in down["actions"] if a["status"] == "executed"]
+    assert archive_bytes(one) == archive_bytes(two)
+    shutil.rmtree(tmp_path / "cache2")
