@@ -213,7 +213,7 @@ def _layered(local: LocalActionCache, cas: LocalCas, digester: Digester, setting
     from build_graph.store.signing import Signer, Trust
 
     signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
-    return LayeredActionCache(local, cas, open_remote(settings.url, settings.timeout_s), digester,
+    return LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
                               upload=settings.upload, signer=signer, trust=Trust(settings.trusted_keys), warn=warn)
 
 

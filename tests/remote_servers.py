@@ -3,6 +3,7 @@ with WebDAV PUT (Debian's nginx), and small misbehaving TCP servers for the faul
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -143,3 +144,91 @@ class SilentServer:
         self.sock.close()
         for c in self.held:
             c.close()
+
+
+BUILDGRID_VERSION = "0.9.1"
+BUILDGRID_CONF = """
+server:
+  - !channel
+    address: "127.0.0.1:{port}"
+    insecure-mode: true
+authorization:
+  method: none
+storages:
+  - !disk-storage &main-storage
+    path: {store}
+caches:
+  - !lru-action-cache &main-action
+    storage: *main-storage
+    max-cached-refs: 100000
+    allow-updates: true
+    cache-failed-actions: true
+instances:
+  - name: ""
+    services:
+      - !action-cache
+        cache: *main-action
+      - !cas
+        storage: *main-storage
+      - !bytestream
+        storage: *main-storage
+"""
+
+
+def python313() -> str | None:
+    """A Python 3.13 interpreter (BuildGrid 0.9.1 needs it): on PATH, or pyenv's."""
+    found = shutil.which("python3.13")
+    if found:
+        return found
+    for candidate in sorted(Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"), reverse=True):
+        return str(candidate)
+    return None
+
+
+def buildgrid_bgd() -> str | None:
+    """`bgd` of BuildGrid 0.9.1 in a venv made once (under ~/.cache/bgraph-tests) and reused."""
+    venv = Path.home() / ".cache" / "bgraph-tests" / f"buildgrid-{BUILDGRID_VERSION}"
+    bgd = venv / "bin" / "bgd"
+    if bgd.exists():
+        return str(bgd)
+    py = python313()
+    if py is None:
+        return None
+    try:
+        subprocess.run([py, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"buildgrid=={BUILDGRID_VERSION}"],
+                       check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        shutil.rmtree(venv, ignore_errors=True)  # never leave a half-made venv for the next run
+        raise
+    return str(bgd)
+
+
+class BuildGrid:
+    """A BuildGrid server (CAS, ActionCache, ByteStream; disk storage, no database)."""
+
+    def __init__(self, root: Path, bgd: str):
+        root.mkdir(parents=True)
+        self.port = free_port()
+        conf = root / "cas.yml"
+        conf.write_text(BUILDGRID_CONF.format(port=self.port, store=root / "cas"))
+        (root / "cas").mkdir()
+        self.log = root / "bgd.log"
+        self.proc = subprocess.Popen([bgd, "server", "start", "-v", str(conf)], cwd=root,
+                                     stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        try:
+            _wait_for(self.port, timeout=60)
+        except RuntimeError:
+            self.stop()
+            raise RuntimeError("BuildGrid did not start: " + self.log.read_text()[-2000:])
+
+    @property
+    def url(self) -> str:
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

@@ -177,3 +177,88 @@ def test_cuda_kernels_come_from_the_remote_with_no_compile(tmp_path, nginx):
     assert down["executed"] == 0, [a["name"] for a in down["actions"] if a["status"] == "executed"]
     assert archive_bytes(one) == archive_bytes(two)
     shutil.rmtree(tmp_path / "cache2")
+
+
+# -- REAPI v2 against a real BuildGrid 0.9.1 ---------------------------------------------------------
+SHA256_WORKSPACE = '[workspace]\nname = "test"\ndigest_function = "sha256"\n'
+
+
+@pytest.fixture(scope="module")
+def buildgrid(tmp_path_factory):
+    from remote_servers import BuildGrid, buildgrid_bgd
+
+    bgd = buildgrid_bgd()
+    if bgd is None:
+        pytest.skip("BuildGrid 0.9.1 needs Python 3.13 (pyenv install 3.13)")
+    server = BuildGrid(tmp_path_factory.mktemp("buildgrid") / "server", bgd)
+    yield server
+    server.stop()
+
+
+def sha256_ws(make_ws, name, extra=None):
+    return make_ws({**FILES, "WORKSPACE.toml": SHA256_WORKSPACE, **(extra or {})}, name=name)
+
+
+BIG = {"targets/big.toml": '''[big]
+kind = "genrule"
+outs = ["big.bin"]
+cmd = "head -c 6000000 /dev/zero | tr '\\\\0' b > $OUT/big.bin"
+'''}
+
+
+def test_reapi_a_fresh_cache_in_another_directory_runs_nothing(make_ws, buildgrid):
+    first = sha256_ws(make_ws, "one", BIG)
+    up = first.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url, "--remote-upload"))
+    assert up.rc == 0, up.stderr
+    assert up.json["executed"] == 3 and up.json["remote"]["uploaded"] == 3
+    second = sha256_ws(make_ws, "elsewhere", BIG)
+    down = second.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url))
+    assert down.rc == 0, down.stderr
+    assert down.json["executed"] == 0 and down.json["remote"]["hits"] == 3
+    assert outputs(down.json) == outputs(up.json)
+    # 6 MB is over BuildGrid's 4 MiB batch limit: it went through ByteStream both ways.
+    assert second.read_output("//big:big", "big.bin") == "b" * 6000000
+    assert second.cli("cache", "verify").rc == 0
+
+
+def test_reapi_needs_the_servers_digest_function(make_ws, buildgrid):
+    ws = make_ws(FILES)  # blake3, which BuildGrid does not offer
+    run = ws.build("//p:b", args=("--remote-cache", buildgrid.url))
+    assert run.rc == 2 and "offers digest functions sha256, not blake3" in run.stderr
+    assert 'digest_function = "sha256"' in run.stderr and "Traceback" not in run.stderr
+
+
+def test_reapi_server_down_costs_one_warning(make_ws):
+    ws = sha256_ws(make_ws, "alone")
+    run = ws.build("//p:b", args=("--remote-cache", f"grpc://127.0.0.1:{free_port()}", "--remote-upload"))
+    assert run.rc == 0, run.stderr
+    assert run.json["executed"] == 2
+    assert run.stderr.count("remote cache") == 1 and "unavailable" in run.stderr
+
+
+def test_reapi_signed_entries_and_poisoned_ones(make_ws, buildgrid, tmp_path):
+    import json as _json
+
+    from build_graph.store.reapi_remote import ReapiRemote
+    from build_graph.store.signing import generate_key
+
+    key = tmp_path / "ci.key"
+    pub = generate_key(key)
+    signed_input = {"in.txt": "signed\nentries\n"}
+    writer = sha256_ws(make_ws, "writer", signed_input)
+    up = writer.build("//p:b", args=("--remote-cache", buildgrid.url, "--remote-upload",
+                                     "--remote-signing-key", str(key)))
+    assert up.rc == 0 and up.json["remote"]["uploaded"] == 2
+    trusted = ("--remote-cache", buildgrid.url, "--remote-trusted-key", pub)
+    ok = sha256_ws(make_ws, "reader", signed_input).build("//p:b", args=trusted)
+    assert ok.json["executed"] == 0
+    # A writer without the key replaces b's entry with an unsigned one naming a's output.
+    remote = ReapiRemote(buildgrid.url, "sha256")
+    keys = {a["label"]: a["key"] for a in up.json["actions"]}
+    env = _json.loads(remote.get_entry(keys["//p:a"]))
+    env.update(key=keys["//p:b"], sig=None, pub=None)
+    remote.put_entry(keys["//p:b"], _json.dumps(env).encode())
+    victim = sha256_ws(make_ws, "victim", signed_input)
+    run = victim.build("//p:b", args=trusted)
+    assert statuses(run.json) == {"//p:a": "hit", "//p:b": "executed"} and "unsigned" in run.stderr
+    assert victim.read_output("//p:b", "b.txt").strip() == "2"

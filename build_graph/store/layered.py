@@ -22,7 +22,6 @@ from build_graph.store.cas import LocalCas
 from build_graph.store.remote import RemoteCache, RemoteUnavailable
 from build_graph.store.signing import Signer, Trust, signed_message
 
-MANIFEST_SUFFIX = ".reads"  # remote key of a depfile manifest: <prekey>.reads
 
 
 @dataclass
@@ -60,12 +59,16 @@ class LayeredActionCache:
         if result is not None:
             return result
         try:
-            body = self._read_entry(key, "result")
-            if body is None:
+            read = self._read_entry(key, "result")
+            if read is None:
                 self.stats.misses += 1
                 return None
-            result = ActionResult.from_json(body)
-            self._pull(result)
+            body, sizes = read
+            try:
+                result = ActionResult.from_json(body)
+            except TypeError:
+                raise Ignored("not an action result") from None
+            self._pull(result, sizes)
         except RemoteUnavailable as e:
             self._unavailable(e)
             return None
@@ -83,8 +86,9 @@ class LayeredActionCache:
         self.local.put(key, result)
         if self.upload:
             try:
-                self._push(result)
-                self._write_entry(key, "result", result.to_json())
+                sizes = self._push(result)
+                if sizes is not None:
+                    self._write_entry(key, "result", result.to_json(), sizes)
                 self.stats.uploaded += 1
             except RemoteUnavailable as e:
                 self._unavailable(e)
@@ -98,7 +102,8 @@ class LayeredActionCache:
     def get_manifest(self, prekey: str) -> list[dict]:
         entries = self.local.get_manifest(prekey)
         try:
-            remote = self._read_entry(prekey + MANIFEST_SUFFIX, "manifest") or []
+            read = self._read_entry(self._manifest_key(prekey), "manifest")
+            remote = read[0] if read else []
         except RemoteUnavailable as e:
             self._unavailable(e)
             return entries
@@ -114,16 +119,22 @@ class LayeredActionCache:
             return
         try:
             try:
-                remote = self._read_entry(prekey + MANIFEST_SUFFIX, "manifest") or []
+                read = self._read_entry(self._manifest_key(prekey), "manifest")
+                remote = read[0] if read and isinstance(read[0], list) else []
             except Ignored:
                 remote = []
             merged = [entry] + [e for e in remote if isinstance(e, dict) and e.get("key") != entry["key"]]
-            self._write_entry(prekey + MANIFEST_SUFFIX, "manifest", merged[:keep])
+            self._write_entry(self._manifest_key(prekey), "manifest", merged[:keep])
         except RemoteUnavailable as e:
             self._unavailable(e)
 
     # -- envelopes -------------------------------------------------------------------------
-    def _read_entry(self, key: str, kind: str):
+    def _manifest_key(self, prekey: str) -> str:
+        """Where a depfile manifest lives remotely (a digest, as REAPI's action cache wants)."""
+        return self.digester.of(f"{prekey}.reads".encode())
+
+    def _read_entry(self, key: str, kind: str) -> tuple[object, dict[str, int]] | None:
+        """(body, size hints) of the envelope filed under `key`, checked against the trust."""
         raw = self.remote.get_entry(key)
         if raw is None:
             return None
@@ -132,23 +143,28 @@ class LayeredActionCache:
             body = env["body"]
             if env.get("v") != 1 or env.get("key") != key or env.get("kind") != kind:
                 raise Ignored("an entry filed under another key")
+            sizes = env.get("sizes") or {}
+            if not isinstance(sizes, dict):
+                raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
             raise Ignored("not a bgraph cache entry") from None
         why = self.trust.check(signed_message(key, kind, body), env.get("sig"), env.get("pub"))
         if why:
             raise Ignored(why)
-        return body
+        return body, sizes
 
-    def _write_entry(self, key: str, kind: str, body) -> None:
+    def _write_entry(self, key: str, kind: str, body, sizes: dict[str, int] | None = None) -> None:
+        # `sizes` (of the nodes and logs the body names) are hints a REAPI server needs to serve
+        # blobs; they are not signed: a wrong one can only make a fetch fail, never pass.
         message = signed_message(key, kind, body)
-        env = {"v": 1, "key": key, "kind": kind, "body": body,
+        env = {"v": 1, "key": key, "kind": kind, "body": body, "sizes": sizes or {},
                "sig": self.signer.sign(message) if self.signer else None,
                "pub": self.signer.public_hex if self.signer else None}
         self.remote.put_entry(key, json.dumps(env, sort_keys=True).encode())
 
     # -- blobs and nodes -------------------------------------------------------------------
     def _fetch_verified(self, digest: str, size: int | None, what: str) -> bytes:
-        data = self.remote.get_blob(digest)
+        data = self.remote.get_blob(digest, size)
         if data is None:
             raise Ignored(f"its {what} {digest[:12]}… is missing from the remote")
         if (size is not None and len(data) != size) or self.digester.of(data) != digest:
@@ -156,15 +172,16 @@ class LayeredActionCache:
         self.stats.downloaded_bytes += len(data)
         return data
 
-    def _pull(self, result: ActionResult) -> None:
+    def _pull(self, result: ActionResult, hints: dict[str, int]) -> None:
         """Bring every node and blob the result names into the local store, verified."""
+        hints = {d: s for d, s in hints.items() if isinstance(s, int)}
         stack = [result.output_tree]
         files: dict[str, int | None] = {}
         while stack:
             d = stack.pop()
             raw = self.cas.node_bytes(d)
             if raw is None:
-                raw = self._fetch_verified(d, None, "directory node")
+                raw = self._fetch_verified(d, hints.get(d), "directory node")
                 self.cas.put_node(d, raw)
             try:
                 node = json.loads(raw)
@@ -174,7 +191,7 @@ class LayeredActionCache:
             except (ValueError, KeyError, TypeError):
                 raise Ignored(f"its directory node {d[:12]}… is not one") from None
         for d in (result.stdout, result.stderr):
-            files.setdefault(d, None)
+            files.setdefault(d, hints.get(d))
         from build_graph.model import FileEntry
         for d, size in files.items():
             if size is not None and self.cas.verify(FileEntry(d, size)):
@@ -183,27 +200,35 @@ class LayeredActionCache:
                 continue
             self.cas.put_bytes(self._fetch_verified(d, size, "output blob"))
 
-    def _push(self, result: ActionResult) -> None:
+    def _push(self, result: ActionResult) -> dict[str, int] | None:
+        """Upload what the remote lacks of the result: blobs, then directory nodes. Returns the
+        sizes of the nodes and logs (hints for the entry), or None if the result is not whole here."""
         stack = [result.output_tree]
-        blobs = {result.stdout, result.stderr}
-        nodes = []
+        blobs: dict[str, int] = {}
+        nodes: dict[str, bytes] = {}
         while stack:
             d = stack.pop()
             raw = self.cas.node_bytes(d)
             if raw is None:
-                return  # not whole here (evicted meanwhile): upload nothing
-            nodes.append((d, raw))
+                return None  # evicted meanwhile: upload nothing
+            nodes[d] = raw
             node = json.loads(raw)
-            blobs.update(fd for _name, fd, _size, _ex in node["files"])
+            blobs.update({fd: size for _name, fd, size, _ex in node["files"]})
             stack.extend(sub for _name, sub in node["dirs"])
-        for d in sorted(blobs):
-            if not self.remote.has_blob(d):
-                data = self.cas.blob_path(d).read_bytes()
-                self.remote.put_blob(d, data)
-                self.stats.uploaded_bytes += len(data)
-        for d, raw in nodes:  # nodes after the blobs they name, the entry last
-            if not self.remote.has_blob(d):
-                self.remote.put_blob(d, raw)
+        hints = {d: len(raw) for d, raw in nodes.items()}
+        for d in (result.stdout, result.stderr):
+            try:
+                blobs[d] = hints[d] = self.cas.blob_path(d).stat().st_size
+            except FileNotFoundError:
+                return None
+        missing = self.remote.find_missing({**blobs, **hints})
+        for d in sorted(missing & blobs.keys()):
+            data = self.cas.blob_path(d).read_bytes()
+            self.remote.put_blob(d, data)
+            self.stats.uploaded_bytes += len(data)
+        for d in sorted(missing & nodes.keys()):  # nodes after the blobs they name, the entry last
+            self.remote.put_blob(d, nodes[d])
+        return hints
 
     # -- warnings --------------------------------------------------------------------------
     def warn_once(self, kind: str, message: str) -> None:

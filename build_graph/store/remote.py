@@ -23,8 +23,8 @@ class RemoteCache(Protocol):
 
     url: str
 
-    def get_blob(self, digest: str) -> bytes | None: ...
-    def has_blob(self, digest: str) -> bool: ...
+    def get_blob(self, digest: str, size: int | None = None) -> bytes | None: ...
+    def find_missing(self, sizes: dict[str, int]) -> set[str]: ...
     def put_blob(self, digest: str, data: bytes) -> None: ...
     def get_entry(self, key: str) -> bytes | None: ...
     def put_entry(self, key: str, data: bytes) -> None: ...
@@ -106,12 +106,11 @@ class HttpRemote:
         if r.status_code not in (200, 201, 204):
             raise RemoteUnavailable(f"HTTP {r.status_code} for PUT /{path}")
 
-    def get_blob(self, digest: str) -> bytes | None:
+    def get_blob(self, digest: str, size: int | None = None) -> bytes | None:
         return self._get(f"cas/{digest}")
 
-    def has_blob(self, digest: str) -> bool:
-        r = self._call("HEAD", f"cas/{digest}")
-        return r.status_code == 200
+    def find_missing(self, sizes: dict[str, int]) -> set[str]:
+        return {d for d in sizes if self._call("HEAD", f"cas/{d}").status_code != 200}
 
     def put_blob(self, digest: str, data: bytes) -> None:
         self._put(f"cas/{digest}", data)
@@ -132,13 +131,20 @@ def _short(e: Exception) -> str:
     return text.splitlines()[0][:160] if text else type(e).__name__
 
 
-def open_remote(url: str, timeout_s: float = 10.0) -> RemoteCache:
-    """The remote cache a URL names: http(s)://… (gRPC REAPI is not implemented yet)."""
+def open_remote(url: str, digest_function: str, timeout_s: float = 10.0) -> RemoteCache:
+    """The remote cache a URL names: http(s)://… (Bazel's HTTP protocol) or grpc(s)://host:port[/instance]
+    (REAPI v2; its Capabilities must offer the workspace's digest function)."""
     from build_graph.errors import LoadError
 
     if url.startswith(("http://", "https://")):
         return HttpRemote(url, timeout_s)
     if url.startswith(("grpc://", "grpcs://")):
-        raise LoadError(f"remote cache {url}: the gRPC REAPI client is not implemented yet",
-                        hint="use an HTTP cache (nginx with WebDAV PUT); see docs/remote-cache.md")
-    raise LoadError(f"remote cache {url!r}: not an http://, https:// or grpc:// URL")
+        from build_graph.store.reapi_remote import ReapiRemote
+
+        remote = ReapiRemote(url, digest_function, timeout_s)
+        try:
+            remote.check_capabilities()
+        except RemoteUnavailable:
+            pass  # a dead server: the build warns and goes on locally
+        return remote
+    raise LoadError(f"remote cache {url!r}: not an http://, https://, grpc:// or grpcs:// URL")
