@@ -89,7 +89,8 @@ def main() -> None:
     result["a_noop"] = {"wall_s": round(wall, 2), "executed": summary["executed"]}
 
     envs = source_file(cache, ws, "vllm/envs.py")
-    add_patch(ws, "9001-bench-python-only.patch", "vllm/envs.py", envs, envs + "# bgraph bench: Python only\n",
+    add_patch(ws, "9001-bench-python-only.patch", "vllm/envs.py", envs,
+              envs + f"# bgraph bench: Python only {os.urandom(4).hex()}\n",
               "Benchmark (b): a Python-only change.")
     wall, summary = build(ws, cache)
     result["b_python_patch"] = {"wall_s": round(wall, 2), "executed": summary["executed"],
@@ -98,7 +99,9 @@ def main() -> None:
     build(ws, cache)
 
     utils = source_file(cache, ws, "csrc/quantization/fp4/nvfp4_utils.cuh")
-    changed = utils.replace("namespace vllm {", "namespace vllm {\nconstexpr int kBgraphBenchMarker = 1;", 1)
+    # A new value each run: an edit the cache has never seen (an earlier run's would be a hit).
+    marker = int.from_bytes(os.urandom(4), "little")
+    changed = utils.replace("namespace vllm {", f"namespace vllm {{\nconstexpr int kBgraphBenchMarker = {marker};", 1)
     add_patch(ws, "9002-bench-nvfp4-utils.patch", "csrc/quantization/fp4/nvfp4_utils.cuh", utils, changed,
               "Benchmark (c): a change to the FP4 utilities header.")
     wall, summary = build(ws, cache)
