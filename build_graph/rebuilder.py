@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from build_graph.depfile import absolute, parse_depfile
-from build_graph.model import Action, ActionResult, Digester, FileEntry, Tree
-from build_graph.store.action_cache import LocalActionCache
+from build_graph.model import Action, ActionCache, ActionResult, Digester, FileEntry, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 
 
@@ -81,7 +80,7 @@ def _tree_diff(mount: str, old: str, new: str, cas: LocalCas, limit: int = 5) ->
 class Rebuilder:
     """Decides Hit / Miss(reason). Knows nothing of scheduling."""
 
-    def __init__(self, cas: LocalCas, ac: LocalActionCache, digester: Digester):
+    def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester):
         self.cas, self.ac, self.digester = cas, ac, digester
 
     def _verified(self, key: str, result: ActionResult) -> Hit | Miss:

@@ -110,7 +110,6 @@ class Nginx:
 
 
 def _is_root() -> bool:
-    import os
     return os.geteuid() == 0
 
 
