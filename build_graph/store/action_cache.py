@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from build_graph.model import ActionResult
+from build_graph.store.atomic import write_json
 
 
 class LocalActionCache:
@@ -28,10 +28,7 @@ class LocalActionCache:
     def put(self, key: str, result: ActionResult) -> None:
         dest = self._path(key)
         dest.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(result.to_json(), f, sort_keys=True)
-        os.replace(tmp, dest)
+        write_json(dest, result.to_json(), self.tmp, sort_keys=True)
 
     def touch(self, key: str) -> None:
         """Record a use of the entry (its mtime orders `bgraph cache gc --max-size`)."""
@@ -59,7 +56,4 @@ class LocalActionCache:
         entries = [entry] + [e for e in self.get_manifest(prekey) if e.get("key") != entry["key"]]
         dest = self._manifest_path(prekey)
         dest.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries[:keep], f, sort_keys=True)
-        os.replace(tmp, dest)
+        write_json(dest, entries[:keep], self.tmp, sort_keys=True)

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from build_graph.errors import StoreError
-from build_graph.store.lease import Holds, live_builds
+from build_graph.store.atomic import write_json
+from build_graph.store.lease import Holds, live_builds, take_if_free
 from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 
 LAYOUT_VERSION = "v1"
@@ -174,15 +175,9 @@ class LocalCas:
         Staging that a killed or failed build left behind (its lock is free) is removed now;
         a running build's is never touched."""
         for lock in staging.glob("*.lock"):
-            try:
-                fd = os.open(lock, os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue  # a live build holds it
+            fd = take_if_free(lock)
+            if fd is None:
+                continue  # a live build holds it (or it is gone)
             # Unlink the lock first: a build that opened it but had not locked it yet sees
             # the link count drop to 0 and takes another name.
             lock.unlink(missing_ok=True)
@@ -322,10 +317,7 @@ class LocalCas:
     def save_sources(self) -> None:
         if not self._sources_dirty:
             return
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._sources, f)
-        os.replace(tmp, self.base / "sources.json")
+        write_json(self.base / "sources.json", self._sources, self.tmp)
         self._sources_dirty = False
 
     def has(self, entry: FileEntry) -> bool:
@@ -345,10 +337,7 @@ class LocalCas:
         """Persist which blobs were hashed and found good, keyed by their stat stamps."""
         if not self._stamps_dirty:
             return
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._stamps, f)
-        os.replace(tmp, self.base / "verified.json")
+        write_json(self.base / "verified.json", self._stamps, self.tmp)
         self._stamps_dirty = False
 
     def verify(self, entry: FileEntry) -> bool:

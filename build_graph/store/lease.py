@@ -69,24 +69,32 @@ class LiveBuilds:
     count: int = 0
 
 
+def take_if_free(lock: Path) -> int | None:
+    """The lease lock, flocked by us, if no live build holds it; else (or if gone) None."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def live_builds(staging_root: Path) -> LiveBuilds:
     """Read the holds of every build whose lease lock is still held (dead leases are skipped)."""
     live = LiveBuilds()
     for lock in staging_root.glob("*.lock"):
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except FileNotFoundError:
+        fd = take_if_free(lock)
+        if fd is not None:
+            os.close(fd)  # nobody holds it: a dead build's leftovers
             continue
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                continue  # nobody holds it: a dead build's leftovers
-            except BlockingIOError:
-                pass
-            start = os.fstat(fd).st_mtime
-        finally:
-            os.close(fd)
+            start = lock.stat().st_mtime
+        except FileNotFoundError:
+            continue  # the build ended just now
         live.count += 1
         live.oldest_start = start if live.oldest_start is None else min(live.oldest_start, start)
         try:

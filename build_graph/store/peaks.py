@@ -4,9 +4,9 @@ scheduler budgets with it instead of the declared estimate). One JSON file, writ
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from build_graph.store.atomic import write_json
 
 HEADROOM = 1.25  # runs of one action vary a little; budget a quarter more than last time
 
@@ -34,8 +34,5 @@ class Peaks:
     def save(self) -> None:
         if not self.dirty:
             return
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.table, f, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_json(self.path, self.table, self.tmp, sort_keys=True)
         self.dirty = False

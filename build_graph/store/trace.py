@@ -4,9 +4,9 @@ and what the last build did (for `bgraph explain`)."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from build_graph.store.atomic import write_json
 from typing import Any
 from urllib.parse import quote
 
@@ -28,7 +28,4 @@ class Trace:
             return {}
 
     def save(self, label: str, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True, indent=1)
-        os.replace(tmp, self._path(label))
+        write_json(self._path(label), data, self.tmp, sort_keys=True, indent=1)
