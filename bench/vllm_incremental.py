@@ -120,6 +120,15 @@ def main() -> None:
         "compile_steps": len(reasons),
         "naming_the_header": sum("nvfp4_utils.cuh" in why for why in reasons.values()),
         "example": next(iter(sorted(reasons.items())), None)}
+    # What a user reads: `bgraph explain` of the wheel, which goes on into its dependencies.
+    text = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain", WHEEL],
+                          capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "400"}).stdout
+    blocks = text.split("  ran ")[1:]
+    result["c_header_patch"]["explain_wheel"] = {
+        "tu_blocks": sum(1 for b in blocks if " steps of " in b.splitlines()[0]),
+        "tu_blocks_naming_the_header": sum(1 for b in blocks if " steps of " in b.splitlines()[0]
+                                           and "nvfp4_utils.cuh" in b),
+        "text": text.splitlines()[:40]}
     (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
     build(ws, cache)
 

@@ -148,6 +148,7 @@ def cmd_why(args, console: Console) -> int:
 
 
 def cmd_explain(args, console: Console) -> int:
+    from build_graph.graph import build_graph, deps as graph_deps
     from build_graph.model import Digester
     from build_graph.report import render_explain
     from build_graph.store.trace import Trace
@@ -160,8 +161,22 @@ def cmd_explain(args, console: Console) -> int:
     data = trace.load(str(label))
     if args.json:
         print(json.dumps(data.get("last_build", []), indent=1))
-    else:
-        render_explain(str(label), data, _stdout())
+        return 0
+    out = _stdout()
+    render_explain(str(label), data, out, args.all)
+    # Then each dependency whose last build ran something: the causes usually live there
+    # (a patched header recompiles TUs of the imported CMake project under a wheel).
+    quiet = 0
+    for dep in reversed(graph_deps(build_graph(ws), [label])):
+        if dep == label:
+            continue
+        dep_data = trace.load(str(dep))
+        if any(r.get("status") == "executed" for r in dep_data.get("last_build", [])):
+            render_explain(str(dep), dep_data, out, args.all)
+        else:
+            quiet += 1
+    if quiet:
+        out.print(f"[dim]{quiet} dependencies ran nothing in their last build[/]", highlight=False)
     return 0
 
 
@@ -294,7 +309,8 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="what ran in the last build of LABEL, and why")
     e.add_argument("label")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="this target's records only, as JSON")
+    e.add_argument("--all", action="store_true", help="list every cut-off and cached action too")
     e.set_defaults(fn=cmd_explain)
 
     c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it")

@@ -145,7 +145,23 @@ def paths_tree(labels: list[Label], edges: list[tuple[Label, Label]], root: Labe
     return top
 
 
-def render_explain(label: str, trace: dict[str, Any], console: Console) -> None:
+def _step_and_subject(name: str) -> tuple[str, str]:
+    """'cicc obj/a.cu.o 121a' -> ('cicc 121a', 'obj/a.cu.o'); a one-word name is its own subject."""
+    parts = name.split(" ")
+    if len(parts) < 2:
+        return name, name
+    return " ".join([parts[0], *parts[2:]]), parts[1]
+
+
+def _is_downstream(reason: str) -> bool:
+    """A miss caused by a file an earlier step of the same build made (/bgraph/in holds those)."""
+    return reason.startswith("input /bgraph/in/")
+
+
+LIST_ALL_UNDER = 20  # targets with more actions than this are summarized per subject (per TU)
+
+
+def render_explain(label: str, trace: dict[str, Any], console: Console, show_all: bool = False) -> None:
     records = trace.get("last_build") or []
     if not records:
         console.print(f"{label}: no recorded build")
@@ -153,10 +169,39 @@ def render_explain(label: str, trace: dict[str, Any], console: Console) -> None:
     by = {s: [r for r in records if r["status"] == s] for s in ("executed", "cutoff", "hit")}
     console.print(f"[bold]{label}[/]: last build executed {len(by['executed'])}, cut off {len(by['cutoff'])}, "
                   f"hits {len(by['hit'])}", highlight=False)
-    for r in by["executed"]:
-        console.print(f"  [green]ran[/] {escape(r['name'])} ({r['duration_s']:.2f}s)\n"
-                      f"      why: {escape(r['reason'])}", highlight=False)
-    for r in by["cutoff"]:
-        console.print(f"  [yellow]cut off[/] {escape(r['name'])}: {escape(r['reason'])}", highlight=False)
-    for r in by["hit"]:
-        console.print(f"  [dim]hit {escape(r['name'])}[/]", highlight=False)
+    small = len(records) <= LIST_ALL_UNDER
+    if small or show_all:
+        for r in by["executed"]:
+            console.print(f"  [green]ran[/] {escape(r['name'])} ({r['duration_s']:.2f}s)\n"
+                          f"      why: {escape(r['reason'])}", highlight=False)
+    else:
+        # Per subject (a TU's object, for compile steps): the steps that ran because of a change
+        # outside this build, then those that ran because an earlier step's output changed.
+        groups: dict[str, list[dict]] = {}
+        for r in by["executed"]:
+            groups.setdefault(_step_and_subject(r["name"])[1], []).append(r)
+        for subject, rs in groups.items():
+            took = sum(r["duration_s"] for r in rs)
+            if len(rs) == 1:
+                console.print(f"  [green]ran[/] {escape(rs[0]['name'])} ({took:.2f}s)\n"
+                              f"      why: {escape(rs[0]['reason'])}", highlight=False)
+                continue
+            console.print(f"  [green]ran[/] {len(rs)} steps of {escape(subject)} ({took:.2f}s)", highlight=False)
+            causes: dict[str, list[str]] = {}
+            for r in rs:
+                if not _is_downstream(r["reason"]):
+                    causes.setdefault(r["reason"], []).append(_step_and_subject(r["name"])[0])
+            for reason, steps in causes.items():
+                console.print(f"      because ({escape(', '.join(steps))}): {escape(reason)}", highlight=False)
+            later = [_step_and_subject(r["name"])[0] for r in rs if _is_downstream(r["reason"])]
+            if later:
+                console.print(f"      then: {escape(', '.join(later))} (their inputs, made by the steps above, "
+                              "changed)", highlight=False)
+    if small or show_all:
+        for r in by["cutoff"]:
+            console.print(f"  [yellow]cut off[/] {escape(r['name'])}: {escape(r['reason'])}", highlight=False)
+        for r in by["hit"]:
+            console.print(f"  [dim]hit {escape(r['name'])}[/]", highlight=False)
+    elif by["cutoff"] or by["hit"]:
+        console.print(f"  [dim]{len(by['cutoff'])} cut off and {len(by['hit'])} hits not listed "
+                      "(--all lists them)[/]", highlight=False)

@@ -536,3 +536,29 @@ def test_dry_run_lists_what_would_run_and_runs_nothing(make_ws):
     assert "would run //p:a genrule" in text.stdout and "1 action(s) would run" in text.stderr
     real = ws.build("//p:b")
     assert statuses(real.json) == {"//p:a": "executed", "//p:b": "executed"}
+
+
+def test_explain_groups_a_big_targets_steps_by_translation_unit():
+    """A target with many actions is explained per TU: the change that started it (a header a
+    preprocessing step read), then the steps its outputs set off; cut-off steps are counted."""
+    import io
+
+    from rich.console import Console
+
+    from build_graph.report import render_explain
+
+    header = "input /bgraph/src/csrc/fp4/utils.cuh 1a2b… -> 3c4d…"
+    records = [
+        {"name": "hostpp obj/a.cu.o", "status": "executed", "reason": header, "duration_s": 1.0},
+        {"name": "devpp obj/a.cu.o 1210", "status": "executed", "reason": header, "duration_s": 1.0},
+        {"name": "cicc obj/a.cu.o 121a", "status": "executed", "duration_s": 5.0,
+         "reason": "input /bgraph/in/a.compute_121a.cpp1.ii 5e… -> 6f…"},
+    ] + [{"name": f"cicc obj/t{i}.cu.o 121a", "status": "cutoff", "reason": "upstream rebuilt to identical outputs",
+          "duration_s": 0.0} for i in range(30)]
+    out = io.StringIO()
+    render_explain("//vllm:build", {"last_build": records}, Console(file=out, width=300, emoji=False))
+    text = out.getvalue()
+    assert "ran 3 steps of obj/a.cu.o (7.00s)" in text
+    assert f"because (hostpp, devpp 1210): {header}" in text
+    assert "then: cicc 121a (their inputs, made by the steps above, changed)" in text
+    assert "30 cut off and 0 hits not listed" in text and "cicc obj/t3.cu.o" not in text
