@@ -192,7 +192,14 @@ class Tree:
         return nodes
 
     def digest(self, digester: Digester) -> str:
-        return self.directory_nodes(digester)[""][0]
+        known = self.__dict__.get("_root", {}).get(digester.name)
+        return known if known is not None else self.directory_nodes(digester)[""][0]
+
+    def know_digest(self, digester: Digester, digest: str) -> "Tree":
+        """Record the root digest of a tree read back from the store by that (verified) digest,
+        so it is not recomputed from every entry."""
+        self.__dict__.setdefault("_root", {})[digester.name] = digest
+        return self
 
 
 EMPTY_TREE = Tree()

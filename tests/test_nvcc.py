@@ -52,3 +52,30 @@ def test_single_arch_names_match_the_multi_arch_ones():
 def test_unknown_step_is_refused():
     with pytest.raises(DryrunError, match="unsupported nvcc step"):
         parse_dryrun('#$ nvlink --arch=sm_90 "a.o" -o "b.o"\n', "k.o")
+
+
+@pytest.mark.parametrize("line", [
+    'a "b c" d', 'x"y z"w', 'a  "" b', '"-I/x y/z"', "", "  ", 'a\\ b', '"unbalanced', "it's",
+    'gcc "-I/bgraph/toolchain/bin/../targets/x86_64-linux/include" -D__CUDACC__ -E "x.cu"',
+])
+def test_split_command_is_shlex(line):
+    import shlex
+
+    from build_graph.nvcc import split_command
+    try:
+        expected = shlex.split(line)
+    except ValueError:
+        with pytest.raises(ValueError):
+            split_command(line)
+        return
+    assert split_command(line) == expected
+
+
+def test_split_command_matches_shlex_on_recorded_dryruns():
+    import shlex
+
+    from build_graph.nvcc import split_command
+    lines = [line[3:].strip() for name in ("nvcc13.0-dryrun-120a-121a.txt", "nvcc13.0-dryrun-120a.txt")
+             for line in (DATA / name).read_text().splitlines() if line.startswith("#$ ")]
+    assert len(lines) > 40
+    assert all(split_command(line) == shlex.split(line) for line in lines)

@@ -148,6 +148,7 @@ class LocalCas:
         self.layout_root = Path(cache_dir) / LAYOUT_VERSION
         self.base = self.layout_root / digester.name
         self.blobs = self.base / "cas"
+        self._blobs_dir = os.fspath(self.blobs)
         self.dirs = self.base / "dirs"
         self.trees = self.base / "trees"
         staging = Path(cache_dir) / LAYOUT_VERSION / "tmp"
@@ -345,17 +346,22 @@ class LocalCas:
         The executable copy (`.x`), which materialized trees link to, is checked too.
         A blob hashed good before is trusted while its stat stamp (size, mtime, ctime, inode)
         is unchanged: any write to it moves ctime, so corruption is still caught before use."""
-        if entry.digest in self._verified:
+        d = entry.digest
+        if d in self._verified:
             return True
-        p = self.blob_path(entry.digest)
-        x = Path(str(p) + ".x")
+        # Plain strings and os.stat: a no-op build of vLLM checks 40,000 blobs here.
+        p = f"{self._blobs_dir}/{d[:2]}/{d[2:]}"
         try:
-            for copy in (p, x) if x.exists() else (p,):
-                st = copy.stat()
+            copies = [(p, d[2:], os.stat(p))]
+            try:
+                copies.append((p + ".x", d[2:] + ".x", os.stat(p + ".x")))
+            except FileNotFoundError:
+                pass
+            for copy, name, st in copies:
                 if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
                 stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                if self._stamps.get(copy.name) == stamp:
+                if self._stamps.get(name) == stamp:
                     continue
                 h = self.digester.new()
                 with open(copy, "rb") as f:
@@ -363,7 +369,7 @@ class LocalCas:
                         h.update(chunk)
                 if h.hexdigest() != entry.digest:
                     raise CorruptBlob("digest mismatch")
-                self._stamps[copy.name] = stamp
+                self._stamps[name] = stamp
                 self._stamps_dirty = True
         except FileNotFoundError:
             return False
@@ -465,7 +471,7 @@ class LocalCas:
                     entries[prefix + name] = DirEntry()
 
         walk(digest, "")
-        return Tree(entries)
+        return Tree(entries).know_digest(self.digester, digest)
 
     def _exec_blob(self, entry: FileEntry) -> Path:
         """The blob's executable copy (a separate inode: hard links share the mode)."""
