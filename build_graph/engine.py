@@ -339,7 +339,7 @@ class _BuildRun:
             target = e.ws.targets[label]
             try:
                 expanded = expand_sources(e.ws, target)
-                sources = Tree({p: e.cas.put_source(e.ws.root / p) for paths in expanded.values() for p in paths})
+                sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
                 plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
                 recorded = e.trace.load(str(label))

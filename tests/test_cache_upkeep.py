@@ -155,3 +155,20 @@ def test_cache_gc_size_argument_is_checked(make_ws):
     ws = make_ws({})
     out = ws.cli("cache", "gc", "--max-size", "lots")
     assert out.rc == 2 and "not a size: 'lots'" in out.stderr
+
+
+@requires_bwrap
+def test_a_source_collected_after_its_stamp_was_recorded_is_stored_again(make_ws):
+    ws = make_ws(TARGETS)
+    time.sleep(2.1)  # a stamp is recorded only for a file unchanged for 2 s (mtime and ctime)
+    assert ws.build("//p:a").rc == 0
+    sources = __import__("json").loads((ws.store / "sources.json").read_text())
+    digest = next(v[5] for k, v in sources.items() if k.endswith("in.txt"))
+    assert ws.cli("cache", "gc").rc == 0
+    assert not (ws.store / "cas" / digest[:2] / digest[2:]).exists()  # nothing kept the source
+    ws.write({"targets/p.toml": TARGETS["targets/p.toml"].replace("cat $SRC/in.txt $SRC/in.txt",
+                                                                  "cat $SRC/in.txt")})
+    run = ws.build("//p:a")  # its stamp still names the blob: it must be stored again, not assumed
+    assert run.rc == 0, run.stderr
+    assert statuses(run.json) == {"//p:a": "executed"}
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n"

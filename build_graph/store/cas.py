@@ -303,10 +303,7 @@ class LocalCas:
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
         known = self._sources.get(key)
         if known and known[:5] == stamp:
-            entry = FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
-            if self.has(entry):
-                self._refresh(entry.digest)
-                return entry
+            return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         entry = self.put_file(key)
         # A file changed within the clock's granularity of this stat could keep its stamp
         # (git's "racily clean" case): remember only stamps older than a couple of seconds.
@@ -314,6 +311,18 @@ class LocalCas:
             self._sources[key] = [*stamp, entry.digest]
             self._sources_dirty = True
         return entry
+
+    def store_sources(self, root: Path, paths) -> Tree:
+        """The workspace files `paths` (relative to `root`) as a tree, their blobs stored and
+        held by this build (so a collection keeps them) before they are checked present."""
+        tree = Tree({p: self.put_source(root / p) for p in paths})
+        self.holds.hold_many("blob", (f.digest for f in tree.entries.values()))
+        gone = [p for p, f in tree.entries.items() if not self.has(f)]
+        if gone:  # collected since its stamp was recorded: store it again
+            self._sources = {k: v for k, v in (self._sources or {}).items()
+                             if k not in {os.fspath(root / p) for p in gone}}
+            tree = Tree({**tree.entries, **{p: self.put_source(root / p) for p in gone}})
+        return tree
 
     def save_sources(self) -> None:
         if not self._sources_dirty:

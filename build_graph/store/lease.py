@@ -4,7 +4,8 @@ from under it.
 Every build process owns a staging directory `v1/tmp/<pid>-xxx/` with a lock file beside it,
 flocked for the process's lifetime (a killed process releases it). Next to it, `<...>.holds`
 lists what the build uses, one `<kind> <digest>` line each: `key` for an action-cache entry it
-took as a hit (so the blobs that entry names stay), `tree` for a materialized tree it mounts.
+took as a hit (so the blobs that entry names stay), `tree` for a materialized tree it mounts,
+`blob` for a workspace source it stored or found stored.
 Anything a running build created (blobs, nodes, entries, trees) is newer than its lease and is
 kept by age.
 
@@ -51,6 +52,19 @@ class Holds:
                 fcntl.flock(self._gc_fd, fcntl.LOCK_UN)
             self._held.add((kind, digest))
 
+    def hold_many(self, kind: str, digests) -> None:
+        """hold() for many digests at once: one lock and one write."""
+        new = [(kind, d) for d in dict.fromkeys(digests) if (kind, d) not in self._held]
+        if not new:
+            return
+        with self._mutex:
+            fcntl.flock(self._gc_fd, fcntl.LOCK_SH)
+            try:
+                os.write(self._fd, "".join(f"{k} {d}\n" for k, d in new).encode())
+            finally:
+                fcntl.flock(self._gc_fd, fcntl.LOCK_UN)
+            self._held.update(new)
+
     def close(self) -> None:
         for fd in (self._fd, self._gc_fd):
             try:
@@ -65,6 +79,7 @@ class LiveBuilds:
 
     keys: set[str] = field(default_factory=set)
     trees: set[str] = field(default_factory=set)
+    blobs: set[str] = field(default_factory=set)
     oldest_start: float | None = None  # seconds since the epoch; None when no build runs
     count: int = 0
 
@@ -107,4 +122,6 @@ def live_builds(staging_root: Path) -> LiveBuilds:
                 live.keys.add(digest)
             elif kind == "tree":
                 live.trees.add(digest)
+            elif kind == "blob":
+                live.blobs.add(digest)
     return live

@@ -265,6 +265,7 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
                     rmtree(t)
                     report.trees_removed += 1
         _empty_trash(layout_root, live.trees)
+        keep_blobs |= live.blobs
         for digest, b in blobs.items():
             if digest in keep_blobs or b.ctime >= horizon:
                 report.bytes_after += b.size
