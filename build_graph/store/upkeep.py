@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,12 +260,13 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
         _rewrite_manifests(manifests, kept_keys)
         held_trees = live.trees | root_trees
         trees_root = base / "trees"
-        if trees_root.exists():
-            for t in trees_root.iterdir():
-                if t.name not in held_trees:
-                    rmtree(t)
-                    report.trees_removed += 1
-        _empty_trash(layout_root, live.trees)
+        with _keeping_stamps(base, blobs):
+            if trees_root.exists():
+                for t in trees_root.iterdir():
+                    if t.name not in held_trees:
+                        rmtree(t)
+                        report.trees_removed += 1
+            _empty_trash(layout_root, live.trees)
         keep_blobs |= live.blobs
         for digest, b in blobs.items():
             if digest in keep_blobs or b.ctime >= horizon:
@@ -279,6 +281,46 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
                 path.unlink(missing_ok=True)
                 report.nodes_removed += 1
     return report
+
+
+@contextmanager
+def _keeping_stamps(base: Path, blobs: dict[str, _Blob]):
+    """Removing a tree unlinks hard links of blobs, which moves their ctime, part of the stamp
+    that lets a build trust a blob without re-hashing it (cas.verify). For blobs whose stamp
+    matched before the removal, and whose size, mtime and inode still match after, take the new
+    ctime into the stamp: else the next build re-hashes the whole store (33.9 s instead of 3.9 s
+    for the vLLM no-op, measured)."""
+    path = base / "verified.json"
+    try:
+        stamps = json.loads(path.read_text())
+    except (OSError, ValueError):
+        stamps = None
+    before = {}
+    if stamps:
+        for b in blobs.values():
+            for p in b.paths:
+                try:
+                    st = os.stat(p)
+                except FileNotFoundError:
+                    continue
+                if stamps.get(p.name) == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]:
+                    before[p] = stamps[p.name]
+    yield
+    if not before:
+        return
+    changed = False
+    for p, old in before.items():
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            continue
+        if [st.st_size, st.st_mtime_ns, st.st_ino] == [old[0], old[1], old[3]] and st.st_ctime_ns != old[2]:
+            stamps[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            changed = True
+    if changed:
+        tmp = path.with_name(f"verified.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stamps))
+        os.replace(tmp, path)
 
 
 def _rewrite_manifests(manifests: list[Path], kept_keys: set[str]) -> None:
