@@ -236,6 +236,16 @@ def cmd_cache(args, console: Console) -> int:
     from build_graph.model import Digester
     from build_graph.store import upkeep
 
+    if args.action == "keygen":
+        from build_graph.store.signing import generate_key
+        try:
+            public = generate_key(Path(args.file))
+        except FileExistsError:
+            raise BgraphError(f"{args.file} exists; not overwriting a key", hint="choose another file name") from None
+        _stdout().print(public, highlight=False)
+        console.print(f"private key written to {args.file} (mode 0600; keep it in CI's secrets); "
+                      "the public key above goes in [remote] trusted_keys", highlight=False)
+        return 0
     ws = _workspace(args)
     layout = cache_dir(ws, args.cache_dir) / "v1"
     digester = Digester(ws.digest_function)
@@ -313,13 +323,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--all", action="store_true", help="list every cut-off and cached action too")
     e.set_defaults(fn=cmd_explain)
 
-    c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it")
+    c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it; keygen: a signing key")
     csub = c.add_subparsers(dest="action", required=True)
     g = csub.add_parser("gc", help="remove what nothing needs; least recently used first with --max-size")
     g.add_argument("--max-size", type=parse_size, metavar="SIZE",
                    help="keep at most this much (e.g. 20G); what running builds hold is always kept")
     v = csub.add_parser("verify", help="re-hash every blob; find corrupt blobs, dangling entries, broken trees")
     v.add_argument("--repair", action="store_true", help="remove what is corrupt or dangling")
+    k = csub.add_parser("keygen", help="make an ed25519 key pair for signing remote-cache uploads")
+    k.add_argument("file", help="where to write the private key (must not exist)")
     c.set_defaults(fn=cmd_cache)
 
     x = sub.add_parser("exec", help="run a command in the sandbox over a target's output")

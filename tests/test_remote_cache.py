@@ -143,7 +143,12 @@ def test_signed_results_are_used_and_forged_ones_are_ignored(make_ws, nginx, tmp
     from build_graph.store.signing import generate_key
 
     ci_key, other_key = tmp_path / "ci.key", tmp_path / "other.key"
-    ci_pub, other_pub = generate_key(ci_key), generate_key(other_key)
+    keygen = make_ws({}, name="keys").cli("cache", "keygen", str(ci_key))
+    assert keygen.rc == 0 and oct(ci_key.stat().st_mode & 0o777) == "0o600"
+    ci_pub, other_pub = keygen.stdout.strip(), generate_key(other_key)
+    assert len(ci_pub) == 64
+    again = make_ws({}, name="keys2").cli("cache", "keygen", str(ci_key))
+    assert again.rc == 2 and "not overwriting" in again.stderr
     writer = make_ws(FILES, name="writer")
     build(writer, "--remote-cache", nginx.url, "--remote-upload", "--remote-signing-key", str(ci_key))
     trusted = ("--remote-cache", nginx.url, "--remote-trusted-key", ci_pub)
