@@ -23,12 +23,9 @@ def split_command(line: str) -> list[str]:
     """shlex.split(line), fast for what nvcc --dryrun prints: without a backslash or a single
     quote, POSIX shell words are runs of plain characters and "..." parts taken literally.
     Anything else goes to shlex. (shlex, in pure Python, was a quarter of a no-op vLLM build.)"""
-    if "\\" in line or "'" in line:
-        return shlex.split(line)
-    words = _WORD.findall(line)
-    if sum(len(w) for w in words) != len(line) - sum(len(g) for g in re.findall(r"[ \t\r\n]+", line)):
-        return shlex.split(line)  # an unbalanced quote: let shlex say so
-    return [w.replace('"', "") for w in words]
+    if "\\" in line or "'" in line or line.count('"') % 2:
+        return shlex.split(line)  # escapes, single quotes, or an unbalanced quote shlex names
+    return [w.replace('"', "") for w in _WORD.findall(line)]
 _INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
 ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
 _PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c))$")

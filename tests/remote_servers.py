@@ -49,6 +49,14 @@ http {{
 """
 
 
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,11 +110,7 @@ class Nginx:
         return sorted(p for p in d.iterdir()) if d.exists() else []
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        _stop(self.proc, 10)
 
 
 def _is_root() -> bool:
@@ -226,8 +230,4 @@ class BuildGrid:
         return f"grpc://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        _stop(self.proc, 15)

@@ -49,6 +49,15 @@ class CorruptBlob(StoreError):
     """A blob on disk does not match its digest; it has been removed."""
 
 
+def hash_file(path: str | os.PathLike, digester: Digester) -> str:
+    """The digest of a file's bytes, read in chunks."""
+    h = digester.new()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _shard(root: Path, digest: str) -> Path:
     return root / digest[:2] / digest[2:]
 
@@ -130,14 +139,21 @@ def evict_blob(layout_root: Path, blob: Path) -> list[Path]:
     return found
 
 
+def _remove_lease(stem: Path, fd: int) -> None:
+    """Remove a lease whose lock `fd` we hold: the lock file first (a build that opened it but
+    had not locked it yet sees the link count drop to 0 and takes another name), then its
+    staging and holds."""
+    Path(f"{stem}.lock").unlink(missing_ok=True)
+    rmtree(stem)
+    Path(f"{stem}.holds").unlink(missing_ok=True)
+    os.close(fd)
+
+
 def _drop_staging(path: Path, fd: int) -> None:
     if fd not in LocalCas._leases:
         return  # closed already
     LocalCas._leases.remove(fd)
-    rmtree(path)
-    Path(f"{path}.holds").unlink(missing_ok=True)
-    Path(f"{path}.lock").unlink(missing_ok=True)
-    os.close(fd)
+    _remove_lease(path, fd)
 
 
 class LocalCas:
@@ -177,15 +193,8 @@ class LocalCas:
         a running build's is never touched."""
         for lock in staging.glob("*.lock"):
             fd = take_if_free(lock)
-            if fd is None:
-                continue  # a live build holds it (or it is gone)
-            # Unlink the lock first: a build that opened it but had not locked it yet sees
-            # the link count drop to 0 and takes another name.
-            lock.unlink(missing_ok=True)
-            stem = str(lock)[: -len(".lock")]
-            rmtree(Path(stem))
-            Path(f"{stem}.holds").unlink(missing_ok=True)
-            os.close(fd)
+            if fd is not None:  # else a live build holds it (or it is gone)
+                _remove_lease(Path(str(lock)[: -len(".lock")]), fd)
         while True:
             stem = staging / f"{os.getpid()}-{os.urandom(4).hex()}"
             try:
@@ -254,29 +263,18 @@ class LocalCas:
         st = os.lstat(path)
         if executable is None:
             executable = bool(st.st_mode & stat.S_IXUSR)
-        h = self.digester.new()
         if move:
-            with open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-            digest = h.hexdigest()
+            digest = hash_file(path, self.digester)
             self._install(path, digest, st.st_size)
             return FileEntry(digest, st.st_size, executable)
         if st.st_size <= CHUNK:  # small files (most sources): hash first, copy only if new
             with open(path, "rb") as src:
                 data = src.read()
             if len(data) == st.st_size:
-                entry = FileEntry(self.digester.of(data), len(data), executable)
-                if not self.verify(entry):
-                    fd, tmp = tempfile.mkstemp(dir=self.tmp)
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    self._install(tmp, entry.digest, len(data))
-                else:
-                    self._refresh(entry.digest)
-                return entry
+                return self.put_bytes(data, executable)
         fd, tmp = tempfile.mkstemp(dir=self.tmp)
         size = 0
+        h = self.digester.new()  # hashed while copied: a big file is read once
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
             while chunk := src.read(CHUNK):
                 h.update(chunk)
@@ -295,7 +293,8 @@ class LocalCas:
 
     def put_source(self, path: Path) -> FileEntry:
         """Store a workspace file, skipping the read and hash when its stat stamp (size, mtime,
-        ctime, inode, mode) is the one recorded with its digest and the blob is still here."""
+        ctime, inode, mode) is the one recorded with its digest. Whether that blob is still
+        stored is for the caller to check (store_sources does, once it holds them)."""
         if self._sources is None:
             self._sources = self._load_sources()
         key = os.fspath(path)
@@ -318,9 +317,9 @@ class LocalCas:
         tree = Tree({p: self.put_source(root / p) for p in paths})
         self.holds.hold_many("blob", (f.digest for f in tree.entries.values()))
         gone = [p for p, f in tree.entries.items() if not self.has(f)]
-        if gone:  # collected since its stamp was recorded: store it again
-            self._sources = {k: v for k, v in (self._sources or {}).items()
-                             if k not in {os.fspath(root / p) for p in gone}}
+        if gone:  # collected since its stamp was recorded: forget the stamp, store it again
+            for p in gone:
+                self._sources.pop(os.fspath(root / p), None)
             tree = Tree({**tree.entries, **{p: self.put_source(root / p) for p in gone}})
         return tree
 
@@ -372,11 +371,7 @@ class LocalCas:
                 stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
                 if self._stamps.get(name) == stamp:
                     continue
-                h = self.digester.new()
-                with open(copy, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                if h.hexdigest() != entry.digest:
+                if hash_file(copy, self.digester) != entry.digest:
                     raise CorruptBlob("digest mismatch")
                 self._stamps[name] = stamp
                 self._stamps_dirty = True
@@ -413,15 +408,8 @@ class LocalCas:
         root = tree.digest(self.digester)
         if root in self._stored_trees:
             return root
-        nodes = tree.directory_nodes(self.digester)
-        for digest, encoded in nodes.values():
-            dest = _shard(self.dirs, digest)
-            if not dest.exists():
-                dest.parent.mkdir(exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=self.tmp)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(encoded)
-                os.replace(tmp, dest)
+        for digest, encoded in tree.directory_nodes(self.digester).values():
+            self.put_node(digest, encoded)
         self._stored_trees.add(root)
         return root
 
@@ -438,7 +426,7 @@ class LocalCas:
         return raw
 
     def put_node(self, digest: str, raw: bytes) -> None:
-        """Store a directory node that came from elsewhere (the caller checked its digest)."""
+        """Store a directory node (the caller made it, or checked its digest)."""
         dest = _shard(self.dirs, digest)
         if dest.exists():
             return

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from build_graph.model import ActionResult, Digester
+from build_graph.model import ActionResult, Digester, FileEntry
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.remote import RemoteCache, RemoteUnavailable
@@ -89,7 +89,7 @@ class LayeredActionCache:
                 sizes = self._push(result)
                 if sizes is not None:
                     self._write_entry(key, "result", result.to_json(), sizes)
-                self.stats.uploaded += 1
+                    self.stats.uploaded += 1
             except RemoteUnavailable as e:
                 self._unavailable(e)
 
@@ -102,8 +102,7 @@ class LayeredActionCache:
     def get_manifest(self, prekey: str) -> list[dict]:
         entries = self.local.get_manifest(prekey)
         try:
-            read = self._read_entry(self._manifest_key(prekey), "manifest")
-            remote = read[0] if read else []
+            remote = self._remote_manifest(prekey)
         except RemoteUnavailable as e:
             self._unavailable(e)
             return entries
@@ -111,7 +110,7 @@ class LayeredActionCache:
             self.warn_once(f"ignored:{e}", f"remote cache: ignored a depfile manifest ({e})")
             return entries
         seen = {e.get("key") for e in entries}
-        return entries + [e for e in remote if isinstance(e, dict) and e.get("key") not in seen]
+        return entries + [e for e in remote if e.get("key") not in seen]
 
     def add_manifest(self, prekey: str, entry: dict, keep: int = 8) -> None:
         self.local.add_manifest(prekey, entry, keep)
@@ -119,11 +118,10 @@ class LayeredActionCache:
             return
         try:
             try:
-                read = self._read_entry(self._manifest_key(prekey), "manifest")
-                remote = read[0] if read and isinstance(read[0], list) else []
+                remote = self._remote_manifest(prekey)
             except Ignored:
                 remote = []
-            merged = [entry] + [e for e in remote if isinstance(e, dict) and e.get("key") != entry["key"]]
+            merged = [entry] + [e for e in remote if e.get("key") != entry["key"]]
             self._write_entry(self._manifest_key(prekey), "manifest", merged[:keep])
         except RemoteUnavailable as e:
             self._unavailable(e)
@@ -132,6 +130,12 @@ class LayeredActionCache:
     def _manifest_key(self, prekey: str) -> str:
         """Where a depfile manifest lives remotely (a digest, as REAPI's action cache wants)."""
         return self.digester.of(f"{prekey}.reads".encode())
+
+    def _remote_manifest(self, prekey: str) -> list[dict]:
+        """The entries of the remote's depfile manifest for `prekey` ([] if it has none)."""
+        read = self._read_entry(self._manifest_key(prekey), "manifest")
+        body = read[0] if read else []
+        return [e for e in body if isinstance(e, dict)] if isinstance(body, list) else []
 
     def _read_entry(self, key: str, kind: str) -> tuple[object, dict[str, int]] | None:
         """(body, size hints) of the envelope filed under `key`, checked against the trust."""
@@ -172,28 +176,43 @@ class LayeredActionCache:
         self.stats.downloaded_bytes += len(data)
         return data
 
-    def _pull(self, result: ActionResult, hints: dict[str, int]) -> None:
-        """Bring every node and blob the result names into the local store, verified."""
-        hints = {d: s for d, s in hints.items() if isinstance(s, int)}
-        stack = [result.output_tree]
-        files: dict[str, int | None] = {}
+    def _closure(self, root: str, missing) -> tuple[dict[str, bytes], dict[str, int]] | None:
+        """Every directory node under `root` (digest -> bytes) and every file blob they name
+        (digest -> size). `missing(digest)` supplies a node not stored here, or None to give up."""
+        nodes: dict[str, bytes] = {}
+        files: dict[str, int] = {}
+        stack = [root]
         while stack:
             d = stack.pop()
+            if d in nodes:
+                continue
             raw = self.cas.node_bytes(d)
             if raw is None:
-                raw = self._fetch_verified(d, hints.get(d), "directory node")
-                self.cas.put_node(d, raw)
+                raw = missing(d)
+                if raw is None:
+                    return None
             try:
                 node = json.loads(raw)
-                for _name, fd, size, _ex in node["files"]:
-                    files[fd] = size
+                files.update({fd: size for _name, fd, size, _ex in node["files"]})
                 stack.extend(sub for _name, sub in node["dirs"])
             except (ValueError, KeyError, TypeError):
                 raise Ignored(f"its directory node {d[:12]}… is not one") from None
+            nodes[d] = raw
+        return nodes, files
+
+    def _pull(self, result: ActionResult, hints: dict[str, int]) -> None:
+        """Bring every node and blob the result names into the local store, verified."""
+        hints = {d: s for d, s in hints.items() if isinstance(s, int)}
+
+        def fetch_node(d: str) -> bytes:
+            raw = self._fetch_verified(d, hints.get(d), "directory node")
+            self.cas.put_node(d, raw)
+            return raw
+        _nodes, files = self._closure(result.output_tree, fetch_node)
+        wanted: dict[str, int | None] = dict(files)
         for d in (result.stdout, result.stderr):
-            files.setdefault(d, hints.get(d))
-        from build_graph.model import FileEntry
-        for d, size in files.items():
+            wanted.setdefault(d, hints.get(d))
+        for d, size in wanted.items():
             if size is not None and self.cas.verify(FileEntry(d, size)):
                 continue
             if size is None and self.cas.has_digest(d):
@@ -203,18 +222,10 @@ class LayeredActionCache:
     def _push(self, result: ActionResult) -> dict[str, int] | None:
         """Upload what the remote lacks of the result: blobs, then directory nodes. Returns the
         sizes of the nodes and logs (hints for the entry), or None if the result is not whole here."""
-        stack = [result.output_tree]
-        blobs: dict[str, int] = {}
-        nodes: dict[str, bytes] = {}
-        while stack:
-            d = stack.pop()
-            raw = self.cas.node_bytes(d)
-            if raw is None:
-                return None  # evicted meanwhile: upload nothing
-            nodes[d] = raw
-            node = json.loads(raw)
-            blobs.update({fd: size for _name, fd, size, _ex in node["files"]})
-            stack.extend(sub for _name, sub in node["dirs"])
+        walked = self._closure(result.output_tree, lambda d: None)  # evicted meanwhile: upload nothing
+        if walked is None:
+            return None
+        nodes, blobs = walked
         hints = {d: len(raw) for d, raw in nodes.items()}
         for d in (result.stdout, result.stderr):
             try:

@@ -42,15 +42,8 @@ class Holds:
 
     def hold(self, kind: str, digest: str) -> None:
         """Record that this build uses `digest`; returns once no collection can miss it."""
-        if (kind, digest) in self._held:
-            return
-        with self._mutex:
-            fcntl.flock(self._gc_fd, fcntl.LOCK_SH)
-            try:
-                os.write(self._fd, f"{kind} {digest}\n".encode())
-            finally:
-                fcntl.flock(self._gc_fd, fcntl.LOCK_UN)
-            self._held.add((kind, digest))
+        if (kind, digest) not in self._held:
+            self.hold_many(kind, (digest,))
 
     def hold_many(self, kind: str, digests) -> None:
         """hold() for many digests at once: one lock and one write."""

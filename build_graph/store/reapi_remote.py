@@ -55,12 +55,12 @@ class ReapiRemote:
                                                 response_deserializer=response_type.FromString)
         return call
 
-    def _rpc(self, fn, request, not_found_is_none: bool = False):
-        """One call with the circuit breaker: transport faults become RemoteUnavailable."""
-        if self.breaker.open:
-            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
+    def _guarded(self, call, not_found_is_none: bool = False):
+        """Run `call()` (one RPC, streams drained) under the circuit breaker: transport faults
+        become RemoteUnavailable; NOT_FOUND is None where asked."""
+        self.breaker.check()
         try:
-            response = fn(request, timeout=self.timeout)
+            response = call()
         except self.grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             if not_found_is_none and code == self.grpc.StatusCode.NOT_FOUND:
@@ -71,6 +71,9 @@ class ReapiRemote:
             raise RemoteUnavailable(f"{name}: {(e.details() if hasattr(e, 'details') else '') or ''}"[:200]) from None
         self.breaker.success()
         return response
+
+    def _rpc(self, fn, request, not_found_is_none: bool = False):
+        return self._guarded(lambda: fn(request, timeout=self.timeout), not_found_is_none)
 
     # -- capabilities ----------------------------------------------------------------------
     def check_capabilities(self) -> None:
@@ -106,9 +109,6 @@ class ReapiRemote:
                                                         blob_digests=[self._digest(d, s) for d, s in sizes.items()]))
         return {d.hash for d in response.missing_blob_digests}
 
-    def has_blob(self, digest: str, size: int) -> bool:
-        return not self.find_missing({digest: size})
-
     def get_blob(self, digest: str, size: int | None = None) -> bytes | None:
         pb = self.pb
         if size is None:
@@ -127,27 +127,19 @@ class ReapiRemote:
             return None
         return self._bytestream_read(digest, size)
 
-    def _resource(self, digest: str, size: int) -> str:
+    def _resource(self, digest: str, size: int, upload: bool = False) -> str:
         # SHA256 keeps the original layout; other functions name themselves (REAPI 2.3).
         fn = "" if self.function == 1 else f"{self.digest_function_name}/"
         prefix = f"{self.instance}/" if self.instance else ""
-        return f"{prefix}blobs/{fn}{digest}/{size}"
+        session = f"uploads/{uuid.uuid4()}/" if upload else ""
+        return f"{prefix}{session}blobs/{fn}{digest}/{size}"
 
     def _bytestream_read(self, digest: str, size: int) -> bytes | None:
         pb = self.pb
-        if self.breaker.open:
-            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
         read = self._method("/google.bytestream.ByteStream/Read", pb.ReadRequest, pb.ReadResponse, "read")
-        try:
-            chunks = [r.data for r in read(pb.ReadRequest(resource_name=self._resource(digest, size)),
-                                           timeout=self.timeout + size / (20 << 20))]
-        except self.grpc.RpcError as e:
-            if e.code() == self.grpc.StatusCode.NOT_FOUND:
-                return None
-            self.breaker.failure()
-            raise RemoteUnavailable(f"ByteStream.Read: {e.code().name}") from None
-        self.breaker.success()
-        return b"".join(chunks)
+        request = pb.ReadRequest(resource_name=self._resource(digest, size))
+        return self._guarded(lambda: b"".join(r.data for r in read(request, timeout=self.timeout + size / (20 << 20))),
+                             not_found_is_none=True)
 
     def put_blob(self, digest: str, data: bytes) -> None:
         pb = self.pb
@@ -162,8 +154,7 @@ class ReapiRemote:
                 if r.status.code != 0:
                     raise RemoteUnavailable(f"BatchUpdateBlobs: status {r.status.code} {r.status.message}"[:200])
             return
-        name = f"{self.instance + '/' if self.instance else ''}uploads/{uuid.uuid4()}/" \
-               + self._resource(digest, len(data)).removeprefix(f"{self.instance}/" if self.instance else "")
+        name = self._resource(digest, len(data), upload=True)
 
         def requests():
             for offset in range(0, len(data), CHUNK):
@@ -171,14 +162,7 @@ class ReapiRemote:
                 yield pb.WriteRequest(resource_name=name if offset == 0 else "", write_offset=offset,
                                       finish_write=last, data=data[offset:offset + CHUNK])
         write = self._method("/google.bytestream.ByteStream/Write", pb.WriteRequest, pb.WriteResponse, "write")
-        if self.breaker.open:
-            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
-        try:
-            response = write(requests(), timeout=self.timeout + len(data) / (20 << 20))
-        except self.grpc.RpcError as e:
-            self.breaker.failure()
-            raise RemoteUnavailable(f"ByteStream.Write: {e.code().name}") from None
-        self.breaker.success()
+        response = self._guarded(lambda: write(requests(), timeout=self.timeout + len(data) / (20 << 20)))
         if response.committed_size not in (len(data), -1):
             raise RemoteUnavailable(f"ByteStream.Write committed {response.committed_size} of {len(data)} bytes")
 

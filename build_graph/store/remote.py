@@ -37,6 +37,11 @@ class CircuitBreaker:
         self.limit, self.failures, self.open = limit, 0, False
         self._lock = threading.Lock()
 
+    def check(self) -> None:
+        """Refuse at once when open."""
+        if self.open:
+            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
+
     def success(self) -> None:
         with self._lock:
             self.failures = 0
@@ -74,8 +79,7 @@ class HttpRemote:
         return s
 
     def _call(self, method: str, path: str, data: bytes | None = None):
-        if self.breaker.open:
-            raise RemoteUnavailable("not used any more in this build (it failed repeatedly)")
+        self.breaker.check()
         try:
             r = self._session().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout)
             if r.status_code >= 500:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from build_graph.model import Digester
-from build_graph.store.cas import CHUNK, discard_tree, evict_blob, rmtree
+from build_graph.store.atomic import write_json
+from build_graph.store.cas import discard_tree, evict_blob, hash_file, rmtree
 from build_graph.store.lease import LiveBuilds, gc_lock_path, live_builds
 
 
@@ -69,73 +71,59 @@ class VerifyReport:
         return not (self.corrupt_blobs or self.corrupt_nodes or self.dangling_entries or self.bad_trees)
 
 
-class _Exclusive:
+@contextmanager
+def _exclusive(layout_root: Path):
     """Hold `v1/gc.lock` exclusively: builds wait before their next hold until we are done."""
-
-    def __init__(self, layout_root: Path):
-        self.path = gc_lock_path(layout_root)
-
-    def __enter__(self):
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
+    fd = os.open(gc_lock_path(layout_root), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
-def _digest_of_name(shard: Path, name: str) -> str:
-    return shard.name + name
+def _sharded(root: Path):
+    """(shard name + file name, DirEntry) for every file of a `ab/cdef…` sharded directory."""
+    if not root.exists():
+        return
+    for shard in root.iterdir():
+        with os.scandir(shard) as it:
+            for e in it:
+                yield shard.name + e.name, e
 
 
 def _scan_blobs(cas_root: Path) -> dict[str, _Blob]:
     blobs: dict[str, _Blob] = {}
-    if not cas_root.exists():
-        return blobs
-    for shard in cas_root.iterdir():
-        with os.scandir(shard) as it:
-            for e in it:
-                name = e.name[:-2] if e.name.endswith(".x") else e.name
-                st = e.stat(follow_symlinks=False)
-                b = blobs.setdefault(_digest_of_name(shard, name), _Blob())
-                b.size += st.st_size
-                b.ctime = max(b.ctime, st.st_ctime)
-                b.paths.append(Path(e.path))
-                b.inodes.append(st.st_ino)
+    for name, e in _sharded(cas_root):
+        st = e.stat(follow_symlinks=False)
+        b = blobs.setdefault(name.removesuffix(".x"), _Blob())
+        b.size += st.st_size
+        b.ctime = max(b.ctime, st.st_ctime)
+        b.paths.append(Path(e.path))
+        b.inodes.append(st.st_ino)
     return blobs
 
 
 def _scan_nodes(dirs_root: Path) -> dict[str, tuple[Path, float]]:
-    nodes = {}
-    if dirs_root.exists():
-        for shard in dirs_root.iterdir():
-            with os.scandir(shard) as it:
-                for e in it:
-                    nodes[_digest_of_name(shard, e.name)] = (Path(e.path), e.stat().st_ctime)
-    return nodes
+    return {name: (Path(e.path), e.stat().st_ctime) for name, e in _sharded(dirs_root)}
 
 
 def _scan_entries(ac_root: Path) -> tuple[list[_Entry], list[Path]]:
     """Action-cache entries, and the depfile manifests beside them."""
     entries, manifests = [], []
-    if not ac_root.exists():
-        return entries, manifests
-    for shard in ac_root.iterdir():
-        with os.scandir(shard) as it:
-            for e in it:
-                if e.name.endswith(".reads.json"):
-                    manifests.append(Path(e.path))
-                    continue
-                if not e.name.endswith(".json"):
-                    continue
-                try:
-                    result = json.loads(Path(e.path).read_bytes())
-                    if not isinstance(result, dict) or not isinstance(result.get("output_tree"), str):
-                        result = None
-                except (ValueError, OSError):
-                    result = None
-                entries.append(_Entry(shard.name + e.name[: -len(".json")], Path(e.path),
-                                      e.stat().st_mtime, result))
+    for name, e in _sharded(ac_root):
+        if name.endswith(".reads.json"):
+            manifests.append(Path(e.path))
+            continue
+        if not name.endswith(".json"):
+            continue
+        try:
+            result = json.loads(Path(e.path).read_bytes())
+            if not isinstance(result, dict) or not isinstance(result.get("output_tree"), str):
+                result = None
+        except (ValueError, OSError):
+            result = None
+        entries.append(_Entry(name[: -len(".json")], Path(e.path), e.stat().st_mtime, result))
     return entries, manifests
 
 
@@ -196,15 +184,12 @@ def _roots(base: Path) -> set[str]:
     return live
 
 
-def _empty_trash(layout_root: Path, held: set[str]) -> int:
+def _empty_trash(layout_root: Path, held: set[str]) -> None:
     trash = layout_root / "trash"
-    n = 0
     if trash.exists():
         for t in trash.iterdir():
             if t.name.rsplit("-", 1)[0] not in held:
                 rmtree(t)
-                n += 1
-    return n
 
 
 def collect(layout_root: Path, digester: Digester, max_size: int | None = None) -> CollectReport:
@@ -213,7 +198,7 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
     base = layout_root / digester.name
     report = CollectReport()
     started = time.time()
-    with _Exclusive(layout_root):
+    with _exclusive(layout_root):
         live: LiveBuilds = live_builds(layout_root / "tmp")
         report.running_builds = live.count
         # Whatever a running build created or used since it started is newer than this.
@@ -257,10 +242,10 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
             if rooted is not None:
                 keep_nodes |= rooted[0]
                 keep_blobs |= rooted[1]
-        _rewrite_manifests(manifests, kept_keys)
+        _rewrite_manifests(manifests, kept_keys, layout_root / "tmp")
         held_trees = live.trees | root_trees
         trees_root = base / "trees"
-        with _keeping_stamps(base, blobs):
+        with _keeping_stamps(base, blobs, layout_root / "tmp"):
             if trees_root.exists():
                 for t in trees_root.iterdir():
                     if t.name not in held_trees:
@@ -284,7 +269,7 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
 
 
 @contextmanager
-def _keeping_stamps(base: Path, blobs: dict[str, _Blob]):
+def _keeping_stamps(base: Path, blobs: dict[str, _Blob], tmp_dir: Path):
     """Removing a tree unlinks hard links of blobs, which moves their ctime, part of the stamp
     that lets a build trust a blob without re-hashing it (cas.verify). For blobs whose stamp
     matched before the removal, and whose size, mtime and inode still match after, take the new
@@ -318,12 +303,10 @@ def _keeping_stamps(base: Path, blobs: dict[str, _Blob]):
             stamps[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
             changed = True
     if changed:
-        tmp = path.with_name(f"verified.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(stamps))
-        os.replace(tmp, path)
+        write_json(path, stamps, tmp_dir)
 
 
-def _rewrite_manifests(manifests: list[Path], kept_keys: set[str]) -> None:
+def _rewrite_manifests(manifests: list[Path], kept_keys: set[str], tmp_dir: Path) -> None:
     for m in manifests:
         try:
             items = json.loads(m.read_text())
@@ -335,17 +318,7 @@ def _rewrite_manifests(manifests: list[Path], kept_keys: set[str]) -> None:
         if not left:
             m.unlink(missing_ok=True)
         elif len(left) != len(items):
-            tmp = m.with_name(m.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(left, sort_keys=True))
-            os.replace(tmp, m)
-
-
-def _hash_file(path: Path, digester: Digester) -> str:
-    h = digester.new()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+            write_json(m, left, tmp_dir, sort_keys=True)
 
 
 def verify(layout_root: Path, digester: Digester, repair: bool = False) -> VerifyReport:
@@ -354,21 +327,18 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
     only the trees that hold it)."""
     base = layout_root / digester.name
     report = VerifyReport(repaired=repair)
-    lock = _Exclusive(layout_root) if repair else None
-    if lock:
-        lock.__enter__()
-    try:
+    with _exclusive(layout_root) if repair else nullcontext():
         blobs = _scan_blobs(base / "cas")
         for digest, b in sorted(blobs.items()):
             report.blobs_checked += 1
-            if any(_hash_file(p, digester) != digest for p in b.paths):
+            if any(hash_file(p, digester) != digest for p in b.paths):
                 report.corrupt_blobs.append(digest)
                 if repair:
                     evict_blob(layout_root, b.paths[0].with_name(b.paths[0].name.removesuffix(".x")))
         nodes = _scan_nodes(base / "dirs")
         for digest, (path, _ctime) in sorted(nodes.items()):
             report.nodes_checked += 1
-            if _hash_file(path, digester) != digest:
+            if hash_file(path, digester) != digest:
                 report.corrupt_nodes.append(digest)
                 if repair:
                     path.unlink(missing_ok=True)
@@ -391,9 +361,6 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                 report.bad_trees.append(t.name)
                 if repair:
                     discard_tree(layout_root, t, held)
-    finally:
-        if lock:
-            lock.__exit__(None, None, None)
     return report
 
 
@@ -403,6 +370,6 @@ def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
     for d, _dirs, files in os.walk(tree_dir):
         for name in files:
             st = os.lstat(os.path.join(d, name))
-            if not os.path.islink(os.path.join(d, name)) and st.st_ino not in good_inodes:
+            if not stat.S_ISLNK(st.st_mode) and st.st_ino not in good_inodes:
                 return False
     return True
