@@ -222,12 +222,16 @@ class _TargetState:
     """One target's progress within one build."""
 
     plan: TargetPlan
-    previous: dict[str, Any]  # action name -> what the last build recorded (to explain misses)
     recorded: dict[str, Any]  # the whole trace the last build left
     trace_actions: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
     running: int = 0  # actions submitted and not yet finished
+
+    @property
+    def previous(self) -> dict[str, Any]:
+        """Action name -> what the last build recorded (to explain misses)."""
+        return self.recorded.get("actions", {})
 
 
 class _BuildRun:
@@ -342,8 +346,7 @@ class _BuildRun:
                 sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
                 plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
-                recorded = e.trace.load(str(label))
-                self.targets[label] = _TargetState(plan, recorded.get("actions", {}), recorded)
+                self.targets[label] = _TargetState(plan, e.trace.load(str(label)))
                 self._dispatch(label, plan.start())
             except BgraphError as err:
                 self._fail(label, err)
