@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import sys
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -354,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     except BgraphError as e:
         console.print("[red]error:[/] " + _escape(e.render()), highlight=False)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`bgraph query ... | head`): stop quietly, as cat does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise

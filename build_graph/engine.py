@@ -15,12 +15,11 @@ from typing import Any, Protocol
 
 from build_graph import archive
 from build_graph.errors import ActionFailed, BgraphError, disk_full
-from build_graph.graph import build_graph, deps as graph_deps
-from build_graph.labels import Label, parse_label
+from build_graph.graph import dependency_map, deps_in_order
+from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
 from build_graph.planner import TargetPlan, expand_sources, plan_target
 from build_graph.rebuilder import Hit, Miss, Rebuilder
-from build_graph.rules.registry import RULES
 from build_graph.scheduler import Scheduler
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
@@ -118,7 +117,7 @@ class Engine:
         self.trace = Trace(self.cas.base, self.cas.tmp)
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
-        self.graph = build_graph(ws)
+        self.dep_map = dependency_map(ws)
         self._sandbox = None
         self._fetcher = None
         self._host_cache: dict[tuple[str, ...], tuple[HostTool, ...]] = {}
@@ -240,7 +239,7 @@ class _BuildRun:
     def __init__(self, engine: Engine, labels: list[Label]):
         self.e = engine
         self.labels = labels
-        self.order = graph_deps(engine.graph, labels)
+        self.order = deps_in_order(engine.dep_map, labels)
         for label in self.order:  # a missing source is a load error: report it before running anything
             expand_sources(engine.ws, engine.ws.targets[label])
         self.outputs: dict[Label, TargetOutput] = {}
@@ -250,7 +249,7 @@ class _BuildRun:
         self.dirty: set[Label] = set()  # targets that executed an action in this build
         self.remaining = set(self.order)  # targets not planned yet
         # Dependency counting (Kahn): a target becomes ready when its last dependency is built.
-        self.deps = {label: self._deps_of(label) for label in self.order}
+        self.deps = {label: engine.dep_map[label] for label in self.order}
         self.waiting_on = {label: set(ds) for label, ds in self.deps.items()}
         self.dependents: dict[Label, list[Label]] = {label: [] for label in self.order}
         for label, ds in self.deps.items():
@@ -296,10 +295,6 @@ class _BuildRun:
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
                            unplanned, self.e.remote.stats.to_json() if self.e.remote else None)
-
-    def _deps_of(self, label: Label) -> list[Label]:
-        target = self.e.ws.targets[label]
-        return [parse_label(t, package=label.package) for _k, t in RULES[target.kind].deps(target.attrs)]
 
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)
@@ -360,9 +355,9 @@ class _BuildRun:
         while ready:
             slot, action = ready.pop(0)
             decision = e.rebuilder.check(action, state.previous.get(action.name))
-            key = action.key(e.digester)
-            state.trace_actions[action.name] = {"key": key, "description": action.description(e.digester)}
-            checked = e._check_this(key, self.sample)  # --check samples by the full key
+            key, description = action.traced(e.digester)
+            state.trace_actions[action.name] = {"key": key, "description": description}
+            checked = e._check_this(key, self.sample)  # --check samples by the traced key
             if isinstance(decision, Hit) and decision.key:
                 key = decision.key  # filed under its narrowed key
             if isinstance(decision, Hit) and not checked:
@@ -399,7 +394,7 @@ class _BuildRun:
         if state is None or fut.cancelled():
             return
         state.running -= 1
-        key = action.key(self.e.digester)
+        key = action.traced(self.e.digester)[0]
         err = fut.exception()
         if err is not None:
             if isinstance(err, OSError) and err.errno == errno.ENOSPC:

@@ -1,46 +1,85 @@
-"""The target DAG (networkx) and its queries: deps, rdeps, somepath, allpaths, kind."""
+"""The target DAG and its queries: deps, rdeps, somepath, allpaths, kind.
+
+A build needs only the dependency map and an order (stdlib graphlib); the path queries use
+networkx, imported when a query asks for it (it is a tenth of a no-op build's start-up).
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Iterable
-
-import networkx as nx
+from graphlib import CycleError, TopologicalSorter
+from typing import TYPE_CHECKING, Iterable
 
 from build_graph.errors import GraphError, QueryError
 from build_graph.labels import Label, expand, parse_label
 from build_graph.workspace import Workspace
 
+if TYPE_CHECKING:
+    import networkx as nx
 
-def build_graph(ws: Workspace) -> nx.DiGraph:
-    """Edges point from a target to each dependency; a cycle is reported as the full cycle."""
+DependencyMap = dict[Label, list[Label]]
+
+
+def dependency_map(ws: Workspace) -> DependencyMap:
+    """Each target's direct dependencies; a cycle is reported as the full cycle."""
     from build_graph.rules.registry import RULES
 
-    g = nx.DiGraph()
+    deps: DependencyMap = {}
     for label, target in ws.targets.items():
-        g.add_node(label, kind=target.kind)
-        for _key, text in RULES[target.kind].deps(target.attrs):
-            g.add_edge(label, parse_label(text, package=label.package))
+        deps[label] = list(dict.fromkeys(parse_label(text, package=label.package)
+                                         for _key, text in RULES[target.kind].deps(target.attrs)))
     try:
-        cycle = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
-        return g
-    labels = [str(a) for a, _ in cycle] + [str(cycle[0][0])]
-    first = ws.targets[cycle[0][0]]
-    raise GraphError("dependency cycle: " + " -> ".join(labels), where=f"{first.file} [{first.table}]")
+        TopologicalSorter(deps).prepare()
+    except CycleError as err:
+        raise _cycle_error(ws, err.args[1]) from None
+    return deps
 
 
-def deps(g: nx.DiGraph, roots: Iterable[Label]) -> list[Label]:
+def _cycle_error(ws: Workspace, found: list[Label]) -> GraphError:
+    # graphlib lists each node before the one that depends on it; say it the other way
+    # round (a -> b: a depends on b), starting from the cycle's first target in the workspace.
+    cycle = list(reversed(found[1:]))
+    order = {label: i for i, label in enumerate(ws.targets)}
+    start = min(range(len(cycle)), key=lambda i: order.get(cycle[i], len(order)))
+    cycle = cycle[start:] + cycle[:start]
+    first = ws.targets[cycle[0]]
+    return GraphError("dependency cycle: " + " -> ".join(str(c) for c in cycle + cycle[:1]),
+                      where=f"{first.file} [{first.table}]")
+
+
+def build_graph(ws: Workspace) -> "nx.DiGraph":
+    """The networkx graph for queries: edges point from a target to each dependency."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for label, ds in dependency_map(ws).items():
+        g.add_node(label, kind=ws.targets[label].kind)
+        for d in ds:
+            g.add_edge(label, d)
+    return g
+
+
+def deps_in_order(dep_map: DependencyMap, roots: Iterable[Label]) -> list[Label]:
     """Roots and everything they depend on, dependencies first."""
-    nodes: set[Label] = set()
-    for r in roots:
-        nodes.add(r)
-        nodes |= nx.descendants(g, r)
-    return list(reversed(list(nx.topological_sort(g.subgraph(nodes)))))
+    closure: DependencyMap = {}
+    todo = list(roots)
+    while todo:
+        label = todo.pop()
+        if label not in closure:
+            closure[label] = dep_map.get(label, [])
+            todo += closure[label]
+    return list(TopologicalSorter(closure).static_order())
 
 
-def rdeps(g: nx.DiGraph, universe: Iterable[Label], targets: Iterable[Label]) -> list[Label]:
+def deps(g: "nx.DiGraph", roots: Iterable[Label]) -> list[Label]:
+    """Roots and everything they depend on, dependencies first (over a query graph)."""
+    return deps_in_order({n: list(g.successors(n)) for n in g.nodes}, roots)
+
+
+def rdeps(g: "nx.DiGraph", universe: Iterable[Label], targets: Iterable[Label]) -> list[Label]:
     """Members of the universe that depend on (or are) one of the targets."""
+    import networkx as nx
+
     uni = set(universe)
     out: set[Label] = set()
     for t in targets:
@@ -48,11 +87,15 @@ def rdeps(g: nx.DiGraph, universe: Iterable[Label], targets: Iterable[Label]) ->
     return sorted(out)
 
 
-def allpaths(g: nx.DiGraph, src: Label, dst: Label) -> list[list[Label]]:
+def allpaths(g: "nx.DiGraph", src: Label, dst: Label) -> list[list[Label]]:
+    import networkx as nx
+
     return [list(p) for p in nx.all_simple_paths(g, src, dst)] if src != dst else [[src]]
 
 
-def somepath(g: nx.DiGraph, src: Label, dst: Label) -> list[Label]:
+def somepath(g: "nx.DiGraph", src: Label, dst: Label) -> list[Label]:
+    import networkx as nx
+
     try:
         return list(nx.shortest_path(g, src, dst))
     except nx.NetworkXNoPath:

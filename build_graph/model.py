@@ -74,6 +74,9 @@ def check_relpath(path: str) -> str:
     return norm
 
 
+_DIR = object()  # a child that is a directory, while directory nodes are computed
+
+
 class Tree:
     """An immutable directory tree: relative posix path -> FileEntry | SymlinkEntry | DirEntry."""
 
@@ -82,6 +85,15 @@ class Tree:
     def __init__(self, entries: Mapping[str, Entry] | Iterable[tuple[str, Entry]] = ()):
         items = dict(entries)
         self.entries: dict[str, Entry] = {check_relpath(p): e for p, e in sorted(items.items())}
+
+    @classmethod
+    def _of_checked(cls, entries: dict[str, Entry]) -> "Tree":
+        """A tree of paths taken from other trees (already checked): only sorted again. Trees
+        are rebuilt by the thousand during planning; re-normalising every path was a tenth of
+        a no-op build."""
+        tree = cls.__new__(cls)
+        tree.entries = dict(sorted(entries.items()))
+        return tree
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tree) and self.entries == other.entries
@@ -119,20 +131,21 @@ class Tree:
         if not prefix:
             return self
         cut = prefix + "/"
-        return Tree({p[len(cut):]: e for p, e in self.entries.items() if p.startswith(cut)})
+        return Tree._of_checked({p[len(cut):]: e for p, e in self.entries.items() if p.startswith(cut)})
 
     def prefixed(self, prefix: str) -> "Tree":
         """The same tree moved under `prefix`."""
         prefix = prefix.strip("/")
         if not prefix:
             return self
-        return Tree({f"{prefix}/{p}": e for p, e in self.entries.items()})
+        prefix = check_relpath(prefix)
+        return Tree._of_checked({f"{prefix}/{p}": e for p, e in self.entries.items()})
 
     def select(self, paths: Iterable[str]) -> "Tree":
         """Only the given files, or directories with everything below them."""
         wanted = [p.strip("/") for p in paths]
-        return Tree({p: e for p, e in self.entries.items()
-                     if any(p == w or p.startswith(w + "/") for w in wanted)})
+        return Tree._of_checked({p: e for p, e in self.entries.items()
+                                 if any(p == w or p.startswith(w + "/") for w in wanted)})
 
     def merged(self, *others: "Tree") -> "Tree":
         """Union of trees; a path present in two trees with different content is an error."""
@@ -142,16 +155,16 @@ class Tree:
                 if p in out and out[p] != e:
                     raise ValueError(f"conflicting entries for {p!r} when merging trees")
                 out[p] = e
-        return Tree(out)
+        return Tree._of_checked(out)
 
     def overlaid(self, top: "Tree") -> "Tree":
         """This tree with `top`'s entries added, replacing any at the same path."""
-        return Tree({**self.entries, **top.entries})
+        return Tree._of_checked({**self.entries, **top.entries})
 
     def with_executable(self, predicate) -> "Tree":
         """Mark files whose path satisfies `predicate` executable (wheels lose exec bits)."""
-        return Tree({p: (FileEntry(e.digest, e.size, True) if isinstance(e, FileEntry) and predicate(p) else e)
-                     for p, e in self.entries.items()})
+        return Tree._of_checked({p: (FileEntry(e.digest, e.size, True) if isinstance(e, FileEntry) and predicate(p)
+                                     else e) for p, e in self.entries.items()})
 
     def directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         """Merkle directory nodes: dir path ('' = root) -> (digest, canonical encoding).
@@ -163,26 +176,31 @@ class Tree:
 
     def _directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         children: dict[str, dict[str, Any]] = {"": {}}
+
+        def kids_of(d: str) -> dict[str, Any]:
+            """The children of directory `d`, creating it and its ancestors (each parent
+            names it as a directory unless that name is already taken)."""
+            kids = children.get(d)
+            if kids is None:
+                kids = children[d] = {}
+                up, _, name = d.rpartition("/")
+                kids_of(up).setdefault(name, _DIR)
+            return kids
+
         for path, entry in self.entries.items():
-            parts = path.split("/")
-            for i in range(len(parts)):
-                d = "/".join(parts[:i])
-                children.setdefault(d, {})
-                if i < len(parts) - 1:
-                    children[d].setdefault(parts[i], "dir")
+            up, _, name = path.rpartition("/")
             if isinstance(entry, DirEntry):
-                children.setdefault(path, {})
-                children["/".join(parts[:-1])][parts[-1]] = "dir"
+                kids_of(path)
+                kids_of(up)[name] = _DIR
             else:
-                children["/".join(parts[:-1])][parts[-1]] = entry
+                kids_of(up)[name] = entry
         nodes: dict[str, tuple[str, bytes]] = {}
-        # Depth-first so every subdirectory digest is known before its parent's.
+        # Deepest first so every subdirectory digest is known before its parent's.
         for d in sorted(children, key=lambda s: (s.count("/") + (1 if s else 0)), reverse=True):
             files, links, dirs = [], [], []
             for name, child in sorted(children[d].items()):
-                if child == "dir":
-                    sub = f"{d}/{name}" if d else name
-                    dirs.append([name, nodes[sub][0]])
+                if child is _DIR:
+                    dirs.append([name, nodes[f"{d}/{name}" if d else name][0]])
                 elif isinstance(child, FileEntry):
                     files.append([name, child.digest, child.size, child.executable])
                 else:
@@ -249,15 +267,21 @@ class Action:
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out
         so identical work planned by two targets is shared. (Memoized: do not mutate it.)"""
-        cache = self.__dict__.get("_description")
-        if cache is not None and cache[0] == digester.name:
-            return cache[1]
+        return self._memo("_description", digester, lambda: self._describe(digester, narrowed=False))
+
+    def prekey_description(self, digester: Digester) -> dict[str, Any]:
+        """The description with each narrowed mount written as "narrowed" (its content is
+        never digested: a whole source tree per compile was the largest cost of a no-op build)."""
+        return self._memo("_prekey_description", digester, lambda: self._describe(digester, narrowed=True))
+
+    def _describe(self, digester: Digester, narrowed: bool) -> dict[str, Any]:
         described = {
             "kind": self.kind,
             "mnemonic": self.mnemonic,
             "argv": list(self.argv),
             "env": dict(self.env),
-            "inputs": {mount: tree.digest(digester) for mount, tree in self.inputs},
+            "inputs": {mount: "narrowed" if narrowed and mount in self.narrow else tree.digest(digester)
+                       for mount, tree in self.inputs},
             "outputs": list(self.outputs),
             "platform": self.platform,
             "toolchain": self.toolchain,
@@ -274,21 +298,28 @@ class Action:
             value = getattr(self, name)
             if value:
                 described[name] = value if isinstance(value, str) else list(value)
-        object.__setattr__(self, "_description", (digester.name, described))
         return described
+
+    def _memo(self, attr: str, digester: Digester, compute):
+        cache = self.__dict__.get(attr)
+        if cache is None or cache[0] != digester.name:
+            cache = (digester.name, compute())
+            object.__setattr__(self, attr, cache)
+        return cache[1]
 
     def prekey(self, digester: Digester) -> str:
         """The key with the narrowed mounts left out: what a depfile manifest is filed under."""
-        described = dict(self.description(digester))
-        described["inputs"] = {m: ("narrowed" if m in self.narrow else d) for m, d in described["inputs"].items()}
-        return digester.of_json(described)
+        return self._memo("_prekey", digester, lambda: digester.of_json(self.prekey_description(digester)))
+
+    def traced(self, digester: Digester) -> tuple[str, dict[str, Any]]:
+        """(key, description) as a build's trace records them: for an action with narrowed
+        mounts, its prekey and the description without those mounts (what decides its manifest)."""
+        if self.narrow and self.cacheable:
+            return self.prekey(digester), self.prekey_description(digester)
+        return self.key(digester), self.description(digester)
 
     def key(self, digester: Digester) -> str:
-        cache = self.__dict__.get("_key")
-        if cache is None or cache[0] != digester.name:
-            cache = (digester.name, digester.of_json(self.description(digester)))
-            object.__setattr__(self, "_key", cache)
-        return cache[1]
+        return self._memo("_key", digester, lambda: digester.of_json(self.description(digester)))
 
     def input_tree(self, mount: str) -> Tree:
         for m, t in self.inputs:

@@ -117,7 +117,6 @@ class Rebuilder:
         the key the result is filed under."""
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
-        key = action.key(self.digester)
         if action.cacheable and action.narrow:
             prekey = action.prekey(self.digester)
             reads, names = self._reads(action, tree)
@@ -125,7 +124,9 @@ class Rebuilder:
             key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
             self.ac.put(key, result)
             self.ac.add_manifest(prekey, entry)
-        elif action.cacheable:
+            return key
+        key = action.key(self.digester)
+        if action.cacheable:
             self.ac.put(key, result)
         return key
 
@@ -222,4 +223,4 @@ class Rebuilder:
         if entries:  # same command and other inputs: name the files it read that changed
             return Miss("; ".join(self._stale(action, entries[0])))
         return Miss(explain_change(previous.get("description") if previous else None,
-                                   action.description(self.digester), self.cas))
+                                   action.prekey_description(self.digester), self.cas))

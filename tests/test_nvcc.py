@@ -57,6 +57,10 @@ def test_unknown_step_is_refused():
 @pytest.mark.parametrize("line", [
     'a "b c" d', 'x"y z"w', 'a  "" b', '"-I/x y/z"', "", "  ", 'a\\ b', '"unbalanced', "it's",
     'gcc "-I/bgraph/toolchain/bin/../targets/x86_64-linux/include" -D__CUDACC__ -E "x.cu"',
+    # Ninja commands as CMake writes them
+    'cd /bgraph/out && /usr/bin/cmake -E cmake_symlink_library libx.so.1 libx.so.1 libx.so',
+    '/usr/bin/g++ -DTORCH_EXTENSION_NAME=_C "-DFLAG=\\"v\\"" -O3 -MD -MT a.o -MF a.o.d -o a.o -c /s/a.cpp',
+    ': && /usr/bin/g++ -fPIC -shared -Wl,-soname,_C.so -o _C.so a.o -Wl,-rpath,/x:/y && :',
 ])
 def test_split_command_is_shlex(line):
     import shlex

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Benchmark (e) of issue 9: vLLM's own build, `pip wheel` through its setup.py with ccache and
+MAX_JOBS=2, for the same three steps bgraph is measured on in bench/vllm_incremental.py:
+
+  cold   a fresh copy of the patched source, an empty ccache, no build directory
+  b      a Python-only change (a line added to vllm/envs.py), in the same source tree
+  c      a constexpr added to csrc/quantization/fp4/nvfp4_utils.cuh, in the same source tree
+
+Same inputs as //wheels:vllm-sm121: the patched source tree (//sources:vllm-patched), the CUDA
+toolkit prefix (//vllm:cuda-toolkit, nvcc 13.0.88), CUTLASS (//vllm:cutlass), the driver link stub
+(//vllm:cuda-driver-stub), arch 12.1a, CMake 3.31.10, Ninja 1.13.2, the host GCC 12, and a venv with
+torch 2.14.0 (--venv; the script installs vLLM's other build requirements into it). The Rust
+frontend is left out as in bgraph's wheel (no cargo on PATH; it is optional in setup.py).
+
+pip builds a local directory in place, so setup.py's CMake build directory (build/temp.*) persists
+between the steps: ccache and Ninja both get their chance, which is vLLM's best case.
+
+Usage: python3 bench/vllm_own_build.py --venv /tmp/vv --work /tmp/vllm-own [--steps cold,b,c]
+                                        [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_REQUIREMENTS = ["cmake==3.31.10", "ninja==1.13.2", "setuptools>=77.0.3,<81", "setuptools-scm>=8",
+                      "setuptools-rust>=1.9", "wheel", "jinja2", "packaging>=24.2"]
+
+
+def bgraph_outputs(*labels: str) -> dict[str, Path]:
+    """Build (normally: hit) the shared inputs and return their output trees."""
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, "build", "--json", *labels],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bgraph build of the inputs failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return {k: Path(v) for k, v in json.loads(proc.stdout)["outputs"].items()}
+
+
+def build_only_configured_targets(setup_py: Path) -> None:
+    """setup.py asks CMake for every extension's target, the left-out externals' too (upstream
+    always fetches them); ask only for the targets the configure made, as bgraph's wheel does."""
+    text = setup_py.read_text()
+    anchor = "        num_jobs, _ = self.compute_num_jobs()\n"
+    if anchor not in text:
+        sys.exit(f"{setup_py}: cannot find where setup.py starts the CMake build")
+    setup_py.write_text(text.replace(anchor, (
+        "        known = subprocess.check_output(['ninja', '-t', 'targets', 'all'], cwd=self.build_temp, text=True)\n"
+        "        known = {line.split(':')[0] for line in known.splitlines()}\n"
+        "        targets = [t for t in targets if t in known]\n") + anchor, 1))
+
+
+def ninja_log(src: Path) -> Path | None:
+    logs = sorted(src.glob("build/temp.*/.ninja_log"))
+    return logs[0] if logs else None
+
+
+def ninja_edges_since(src: Path, offset: int) -> list[str]:
+    """The outputs Ninja built since the log had `offset` bytes (one line per edge run)."""
+    log = ninja_log(src)
+    if log is None:
+        return []
+    lines = log.read_bytes()[offset:].decode().splitlines()
+    return [line.split("\t")[3] for line in lines if line and not line.startswith("#")]
+
+
+def ccache_stats(env: dict) -> dict:
+    out = subprocess.run(["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=True).stdout
+    stats = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+    keys = ("direct_cache_hit", "preprocessed_cache_hit", "cache_miss")
+    return {k: int(stats.get(k, 0)) for k in keys}
+
+
+def pip_wheel(venv: Path, src: Path, dist: Path, env: dict, log: Path) -> float:
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.run([venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                               "-v", "-w", dist, src], env=env, stdout=out, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        sys.exit(f"pip wheel failed ({proc.returncode}); see {log}")
+    return wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--venv", required=True, type=Path, help="a venv with torch 2.14.0")
+    ap.add_argument("--work", required=True, type=Path)
+    ap.add_argument("--steps", default="cold,b,c")
+    ap.add_argument("--json-out", type=Path)
+    args = ap.parse_args()
+    steps = args.steps.split(",")
+    venv, work = args.venv.resolve(), args.work.resolve()
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS], check=True)
+
+    out = bgraph_outputs("//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass",
+                         "//vllm:cuda-driver-stub")
+    toolkit, cutlass = out["//vllm:cuda-toolkit"], out["//vllm:cutlass"]
+    stub = out["//vllm:cuda-driver-stub"] / "libcuda.so"
+    src, dist, ccache_dir = work / "src", work / "dist", work / "ccache"
+    if "cold" in steps:
+        for path in (src, dist, ccache_dir):
+            shutil.rmtree(path, ignore_errors=True)
+        # A plain copy: bgraph's output trees are hard links into its store and must stay read-only.
+        shutil.copytree(out["//sources:vllm-patched"], src, copy_function=shutil.copy)
+        for path in src.rglob("*"):
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o200)
+        build_only_configured_targets(src / "setup.py")
+    dist.mkdir(parents=True, exist_ok=True)
+    cmake_args = {
+        "FETCHCONTENT_FULLY_DISCONNECTED": "ON", "VLLM_CUTLASS_SRC_DIR": cutlass,
+        "CUTLASS_INCLUDE_DIR": cutlass / "include", "CUTLASS_TOOLS_UTIL_INCLUDE_DIR": cutlass / "tools/util/include",
+        "CUDA_cuda_driver_LIBRARY": stub, "CUDAToolkit_ROOT": toolkit, "CUDA_TOOLKIT_ROOT_DIR": toolkit,
+        "CMAKE_CUDA_COMPILER": toolkit / "bin" / "nvcc", "CMAKE_C_COMPILER": "/usr/bin/gcc",
+        "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++"}
+    env = {
+        "PATH": f"{venv / 'bin'}:{toolkit / 'bin'}:/usr/local/bin:/usr/bin:/bin",  # no cargo: no Rust frontend
+        "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "TMPDIR": str(work / "tmp"),
+        "CUDA_HOME": str(toolkit), "TORCH_CUDA_ARCH_LIST": "12.1a", "VLLM_TARGET_DEVICE": "cuda",
+        "MAX_JOBS": "2", "CCACHE_DIR": str(ccache_dir), "CCACHE_MAXSIZE": "30G",
+        "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in cmake_args.items()),
+        "PIP_NO_INDEX": "1"}  # nothing downloads during the build
+    (work / "tmp").mkdir(parents=True, exist_ok=True)
+
+    result: dict = json.loads(args.json_out.read_text()) if args.json_out and args.json_out.exists() else {}
+    for step in steps:
+        if step == "b":
+            envs = src / "vllm" / "envs.py"
+            envs.write_text(envs.read_text() + f"# bench (e): Python only {os.urandom(4).hex()}\n")
+        elif step == "c":
+            header = src / "csrc" / "quantization" / "fp4" / "nvfp4_utils.cuh"
+            marker = int.from_bytes(os.urandom(4), "little")
+            header.write_text(header.read_text().replace(
+                "namespace vllm {", f"namespace vllm {{\nconstexpr int kBgraphBenchMarker = {marker};", 1))
+        log = ninja_log(src)
+        offset = log.stat().st_size if log else 0
+        subprocess.run(["ccache", "-z"], env=env, capture_output=True, check=True)
+        for old in dist.glob("*.whl"):
+            old.unlink()
+        wall = pip_wheel(venv, src, dist, env, work / f"log-{step}.txt")
+        edges = ninja_edges_since(src, offset)
+        wheels = sorted(dist.glob("*.whl"))
+        result[step] = {
+            "wall_s": round(wall, 1), "ninja_edges": len(edges),
+            "compiles": sorted(e for e in edges if e.endswith(".o")), "ccache": ccache_stats(env),
+            "wheel": wheels[0].name if wheels else None}
+        print(json.dumps({step: {k: v for k, v in result[step].items() if k != "compiles"}}), flush=True)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
