@@ -87,10 +87,10 @@ class Tree:
         self.entries: dict[str, Entry] = {check_relpath(p): e for p, e in sorted(items.items())}
 
     @classmethod
-    def _of_checked(cls, entries: dict[str, Entry]) -> "Tree":
-        """A tree of paths taken from other trees (already checked): only sorted again. Trees
-        are rebuilt by the thousand during planning; re-normalising every path was a tenth of
-        a no-op build."""
+    def from_checked(cls, entries: dict[str, Entry]) -> "Tree":
+        """A tree of paths known to be normal (taken from other trees, or joined from checked
+        names): only sorted. Trees are built by the thousand in a no-op build; normalising
+        every path again was a tenth of it."""
         tree = cls.__new__(cls)
         tree.entries = dict(sorted(entries.items()))
         return tree
@@ -131,7 +131,7 @@ class Tree:
         if not prefix:
             return self
         cut = prefix + "/"
-        return Tree._of_checked({p[len(cut):]: e for p, e in self.entries.items() if p.startswith(cut)})
+        return Tree.from_checked({p[len(cut):]: e for p, e in self.entries.items() if p.startswith(cut)})
 
     def prefixed(self, prefix: str) -> "Tree":
         """The same tree moved under `prefix`."""
@@ -139,12 +139,12 @@ class Tree:
         if not prefix:
             return self
         prefix = check_relpath(prefix)
-        return Tree._of_checked({f"{prefix}/{p}": e for p, e in self.entries.items()})
+        return Tree.from_checked({f"{prefix}/{p}": e for p, e in self.entries.items()})
 
     def select(self, paths: Iterable[str]) -> "Tree":
         """Only the given files, or directories with everything below them."""
         wanted = [p.strip("/") for p in paths]
-        return Tree._of_checked({p: e for p, e in self.entries.items()
+        return Tree.from_checked({p: e for p, e in self.entries.items()
                                  if any(p == w or p.startswith(w + "/") for w in wanted)})
 
     def merged(self, *others: "Tree") -> "Tree":
@@ -155,15 +155,15 @@ class Tree:
                 if p in out and out[p] != e:
                     raise ValueError(f"conflicting entries for {p!r} when merging trees")
                 out[p] = e
-        return Tree._of_checked(out)
+        return Tree.from_checked(out)
 
     def overlaid(self, top: "Tree") -> "Tree":
         """This tree with `top`'s entries added, replacing any at the same path."""
-        return Tree._of_checked({**self.entries, **top.entries})
+        return Tree.from_checked({**self.entries, **top.entries})
 
     def with_executable(self, predicate) -> "Tree":
         """Mark files whose path satisfies `predicate` executable (wheels lose exec bits)."""
-        return Tree._of_checked({p: (FileEntry(e.digest, e.size, True) if isinstance(e, FileEntry) and predicate(p)
+        return Tree.from_checked({p: (FileEntry(e.digest, e.size, True) if isinstance(e, FileEntry) and predicate(p)
                                      else e) for p, e in self.entries.items()})
 
     def directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:

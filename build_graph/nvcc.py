@@ -27,6 +27,10 @@ def split_command(line: str) -> list[str]:
         return shlex.split(line)  # escapes, single quotes, or an unbalanced quote shlex names
     return [w.replace('"', "") for w in _WORD.findall(line)]
 _INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
+# A whole token (at the start or after '=', up to '=', ',', a space or the end) that is an
+# intermediate file name as _INTERMEDIATE defines it.
+_NAME_IN_ARG = re.compile(r"(?:^|(?<==))([^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c))"
+                          r"(?=[=,\s]|$)")
 ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
 _PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c))$")
 _HOST_FILE = re.compile(r"^(?P<stem>.+?)(?:\.compute_\w+)?\.cudafe1\.cpp$")
@@ -111,11 +115,9 @@ def _declared_outputs(kind: str, argv: list[str]) -> set[str]:
 
 def _names_in(arg: str) -> list[tuple[int, int]]:
     """Spans of intermediate file names inside one argument (bare, after '=' or ',file=')."""
-    spans = []
-    for m in re.finditer(r"(?:(?<=^)|(?<==))([^=,\s]+)", arg):
-        if _INTERMEDIATE.match(m.group(1)):
-            spans.append((m.start(1), m.end(1)))
-    return spans
+    if "." not in arg:
+        return []
+    return [m.span(1) for m in _NAME_IN_ARG.finditer(arg)]
 
 
 def _rename(arg: str, fn) -> str:

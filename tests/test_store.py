@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from bgraph_testlib import action, requires_bwrap
-from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree
+from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree, canonical_json
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 from build_graph.store.trace import Trace
@@ -270,6 +270,18 @@ def test_corrupted_executable_copy_is_detected(make_ws):
     assert action(run.json, "//p:t")["status"] == "executed"
     assert (ws.root / "bgraph-out/p/t/tool").read_bytes() == content
     assert os.access(ws.root / "bgraph-out/p/t/tool", os.X_OK)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b"])
+def test_tree_node_naming_a_path_outside_is_refused(cas, name):
+    """A node is checked against its digest; what it names must be checked too (a remote
+    could serve a well-hashed node that names `..`)."""
+    blob = cas.put_bytes(b"x")
+    raw = canonical_json({"dirs": [], "files": [[name, blob.digest, blob.size, False]], "symlinks": []})
+    digest = B3.of(raw)
+    cas.put_node(digest, raw)
+    with pytest.raises(CorruptBlob, match="refused"):
+        cas.get_tree(digest)
 
 
 def test_materialize_never_writes_through_symlinks(cas, tmp_path):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+import orjson
 
 from build_graph.model import ActionResult
 from build_graph.store.atomic import write_json
@@ -21,7 +22,7 @@ class LocalActionCache:
 
     def get(self, key: str) -> ActionResult | None:
         try:
-            return ActionResult.from_json(json.loads(self._path(key).read_text()))
+            return ActionResult.from_json(orjson.loads(self._path(key).read_bytes()))
         except (FileNotFoundError, ValueError, TypeError, KeyError):
             return None
 
@@ -46,7 +47,7 @@ class LocalActionCache:
 
     def get_manifest(self, prekey: str) -> list[dict]:
         try:
-            entries = json.loads(self._manifest_path(prekey).read_text())
+            entries = orjson.loads(self._manifest_path(prekey).read_bytes())
             return entries if isinstance(entries, list) else []
         except (FileNotFoundError, ValueError):
             return []

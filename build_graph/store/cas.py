@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -30,6 +29,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import orjson
 
 from build_graph.errors import StoreError
 from build_graph.store.atomic import write_json
@@ -60,6 +61,14 @@ def hash_file(path: str | os.PathLike, digester: Digester) -> str:
 
 def _shard(root: Path, digest: str) -> Path:
     return root / digest[:2] / digest[2:]
+
+
+def _node_name(name: str, node: str) -> str:
+    """One name of a directory node, refused if it could leave the tree (a node pulled from a
+    remote is checked against its digest, not for what it names)."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise CorruptBlob(f"directory node {node[:16]} names {name!r}; refused")
+    return name
 
 
 def rmtree(path: Path) -> None:
@@ -287,7 +296,7 @@ class LocalCas:
     # -- workspace sources: digests remembered by stat stamp (like git's index) -----------
     def _load_sources(self) -> dict[str, list]:
         try:
-            return json.loads((self.base / "sources.json").read_text())
+            return orjson.loads((self.base / "sources.json").read_bytes())
         except (FileNotFoundError, ValueError):
             return {}
 
@@ -338,7 +347,7 @@ class LocalCas:
 
     def _load_stamps(self) -> dict[str, list[int]]:
         try:
-            return json.loads((self.base / "verified.json").read_text())
+            return orjson.loads((self.base / "verified.json").read_bytes())
         except (FileNotFoundError, ValueError):
             return {}
 
@@ -351,20 +360,23 @@ class LocalCas:
 
     def verify(self, entry: FileEntry) -> bool:
         """True if the blob is present and hashes to its digest; a bad blob is removed.
-        The executable copy (`.x`), which materialized trees link to, is checked too.
+        For an executable entry, its executable copy (`.x`, which materialized trees link to)
+        is checked too.
         A blob hashed good before is trusted while its stat stamp (size, mtime, ctime, inode)
         is unchanged: any write to it moves ctime, so corruption is still caught before use."""
         d = entry.digest
-        if d in self._verified:
+        seen = d + ".x" if entry.executable else d
+        if seen in self._verified:
             return True
         # Plain strings and os.stat: a no-op build of vLLM checks 40,000 blobs here.
         p = f"{self._blobs_dir}/{d[:2]}/{d[2:]}"
         try:
             copies = [(p, d[2:], os.stat(p))]
-            try:
-                copies.append((p + ".x", d[2:] + ".x", os.stat(p + ".x")))
-            except FileNotFoundError:
-                pass
+            if entry.executable:  # materialized trees link an executable file to this copy
+                try:
+                    copies.append((p + ".x", d[2:] + ".x", os.stat(p + ".x")))
+                except FileNotFoundError:
+                    pass
             for copy, name, st in copies:
                 if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
@@ -382,13 +394,14 @@ class LocalCas:
                         entry.digest[:16], e.message)
             self.evict(entry.digest)
             return False
-        self._verified.add(entry.digest)
+        self._verified.add(seen)
         return True
 
     def evict(self, digest: str) -> None:
         """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
         evict_blob(self.layout_root, self.blob_path(digest))
         self._verified.discard(digest)
+        self._verified.discard(digest + ".x")
         self._refreshed.discard(digest)
         for suffix in ("", ".x"):
             self._stamps.pop(digest[2:] + suffix, None)
@@ -445,30 +458,34 @@ class LocalCas:
         return self.verify(FileEntry(digest, size))
 
     def get_tree(self, digest: str) -> Tree:
+        """The tree stored under `digest`, every node re-hashed as it is read."""
         entries: dict[str, object] = {}
+        dirs = str(self.dirs)
 
         def walk(d: str, prefix: str) -> None:
-            p = _shard(self.dirs, d)
+            p = f"{dirs}/{d[:2]}/{d[2:]}"
             try:
-                raw = p.read_bytes()
+                with open(p, "rb") as f:
+                    raw = f.read()
             except FileNotFoundError:
                 raise StoreError(f"directory node {d[:16]} is missing from the store") from None
             if self.digester.of(raw) != d:
-                p.unlink()
+                os.unlink(p)
                 raise CorruptBlob(f"directory node {d[:16]} is corrupted; removed")
-            node = json.loads(raw)
+            node = orjson.loads(raw)
             for name, fd, size, ex in node["files"]:
-                entries[prefix + name] = FileEntry(fd, size, ex)
+                entries[prefix + _node_name(name, d)] = FileEntry(fd, size, ex)
             for name, target in node["symlinks"]:
-                entries[prefix + name] = SymlinkEntry(target)
+                entries[prefix + _node_name(name, d)] = SymlinkEntry(target)
             for name, sub in node["dirs"]:
                 before = len(entries)
-                walk(sub, prefix + name + "/")
+                walk(sub, prefix + _node_name(name, d) + "/")
                 if len(entries) == before:
                     entries[prefix + name] = DirEntry()
 
         walk(digest, "")
-        return Tree(entries).know_digest(self.digester, digest)
+        # Every path is made of checked names: no need to normalise each again.
+        return Tree.from_checked(entries).know_digest(self.digester, digest)
 
     def _exec_blob(self, entry: FileEntry) -> Path:
         """The blob's executable copy (a separate inode: hard links share the mode)."""

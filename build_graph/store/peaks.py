@@ -3,8 +3,9 @@ scheduler budgets with it instead of the declared estimate). One JSON file, writ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+import orjson
 
 from build_graph.store.atomic import write_json
 
@@ -16,7 +17,7 @@ class Peaks:
         self.path = base / "peaks.json"
         self.tmp = tmp
         try:
-            self.table: dict[str, int] = json.loads(self.path.read_text())
+            self.table: dict[str, int] = orjson.loads(self.path.read_bytes())
         except (FileNotFoundError, ValueError):
             self.table = {}
         self.dirty = False

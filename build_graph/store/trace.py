@@ -3,12 +3,13 @@ and what the last build did (for `bgraph explain`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-from build_graph.store.atomic import write_json
 from typing import Any
 from urllib.parse import quote
+
+import orjson
+
+from build_graph.store.atomic import write_json
 
 
 class Trace:
@@ -23,7 +24,7 @@ class Trace:
 
     def load(self, label: str) -> dict[str, Any]:
         try:
-            return json.loads(self._path(label).read_text())
+            return orjson.loads(self._path(label).read_bytes())
         except (FileNotFoundError, ValueError):
             return {}
 
