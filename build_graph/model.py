@@ -14,14 +14,22 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol
 
 import blake3
+import orjson
 
 DIGEST_FUNCTIONS = ("blake3", "sha256")
 FETCH_KEY_FIELDS = ("sha256", "filename")
 
 
 def canonical_json(value: Any) -> bytes:
-    """The one canonical encoding that keys and tree nodes are hashed over."""
+    """The one canonical encoding that keys, tree nodes and signatures are hashed over."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def key_json(value: Any) -> bytes:
+    """canonical_json, byte for byte, of what keys and tree nodes are made of (str, int, bool,
+    None, lists, str-keyed dicts), several times faster. Not for floats: orjson spells 1e-05
+    and 1e+16 differently."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,8 @@ class Digester:
         return h.hexdigest()
 
     def of_json(self, value: Any) -> str:
-        return self.of(canonical_json(value))
+        """The digest of a key's description (see key_json: no floats)."""
+        return self.of(key_json(value))
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,7 @@ class Tree:
                     files.append([name, child.digest, child.size, child.executable])
                 else:
                     links.append([name, child.target])
-            encoded = canonical_json({"dirs": dirs, "files": files, "symlinks": links})
+            encoded = key_json({"dirs": dirs, "files": files, "symlinks": links})
             nodes[d] = (digester.of(encoded), encoded)
         return nodes
 

@@ -10,7 +10,7 @@ import pytest
 
 from bgraph_testlib import action, requires_bwrap
 from build_graph.model import (Action, DirEntry, Digester, FileEntry, HostTool, SymlinkEntry, Tree,
-                               canonical_json, check_relpath)
+                               canonical_json, check_relpath, key_json)
 
 B3 = Digester("blake3")
 SHA = Digester("sha256")
@@ -44,6 +44,20 @@ def test_digesters_match_reference_implementations():
 def test_unknown_digest_function():
     with pytest.raises(ValueError, match="unknown digest function 'md5'"):
         Digester("md5")
+
+
+def test_key_json_is_canonical_json_byte_for_byte():
+    """Keys and tree nodes are hashed over key_json (orjson); every stored key was first made
+    with canonical_json (json): the two must never differ on what keys are made of."""
+    import random
+
+    rng = random.Random(0)
+    chars = [chr(i) for i in range(0, 300)] + ["é", "字", "😀", "\u2028", "\u2029", "\\", '"', "/"]
+    for _ in range(3000):
+        s = "".join(rng.choice(chars) for _ in range(rng.randint(0, 10)))
+        value = {"dirs": [[s, "ab"]], "files": [[s + "x", "cd", rng.randint(0, 2**62), rng.random() < 0.5]],
+                 "symlinks": [[s, s]], s: None, "k" + s: [1, True, None, -5, {"z": s, "a": []}]}
+        assert key_json(value) == canonical_json(value), repr(s)
 
 
 def test_canonical_json_is_order_independent():
