@@ -122,6 +122,14 @@ class Tree:
     def get(self, path: str) -> Entry | None:
         return self.entries.get(path)
 
+    def file_digests(self) -> dict[str, str]:
+        """Path -> digest of every file (memoized): what a depfile manifest is checked against."""
+        digests = self.__dict__.get("_file_digests")
+        if digests is None:
+            digests = {p: e.digest for p, e in self.entries.items() if isinstance(e, FileEntry)}
+            self.__dict__["_file_digests"] = digests
+        return digests
+
     def by_name(self) -> dict[str, tuple[str, ...]]:
         """File name -> every path in the tree with that name (memoized): what decides whether
         a new file could shadow an #include."""

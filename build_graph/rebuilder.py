@@ -191,6 +191,8 @@ class Rebuilder:
                 if files["*"] != tree.digest(self.digester):
                     why.append(f"input {mount} {_short(files['*'])} -> {_short(tree.digest(self.digester))}")
                 continue
+            if files.items() <= tree.file_digests().items():
+                continue  # every file it read is unchanged (one set comparison, in C)
             for path, digest in files.items():
                 now = tree.entries.get(path)
                 now_digest = now.digest if isinstance(now, FileEntry) else None
