@@ -9,13 +9,15 @@ workspace (`git archive` of --rev) and the user's cache, which must hold a full 
       which TUs and which steps re-run, the wall time, and what `bgraph explain` gives as the
       reason of each re-run compile step (it must name the header)
   (d) arch 12.1a -> 12.1a + 12.0a, on the CI smoke subset (//vllm:smoke-fp4-sm121: the real
-      configure and vLLM's three FP4 quantization TUs): which actions run, per step and arch
+      configure and vLLM's three FP4 quantization TUs), or with --d-whole on the wheel itself:
+      which actions run, per step and arch
 Each step starts from the previous one's patches removed (the cache makes that a no-op).
 
-Not measured here: (d) on the whole wheel, and (e) vLLM's own `pip wheel` build with ccache, each
-about another hour or more on 2 cores.
+(e), vLLM's own `pip wheel` build with ccache for the cold build, (b) and (c), is
+bench/vllm_own_build.py.
 
 Usage: python3 bench/vllm_incremental.py [--rev HEAD] [--cache ~/.cache/bgraph] [--json-out FILE]
+                                         [--d-whole] [--only-d]
 """
 
 from __future__ import annotations
@@ -79,75 +81,80 @@ def main() -> None:
     ap.add_argument("--rev", default="HEAD")
     ap.add_argument("--cache", default=os.environ.get("BGRAPH_CACHE", "~/.cache/bgraph"))
     ap.add_argument("--json-out")
+    ap.add_argument("--d-whole", action="store_true",
+                    help="(d) on the whole wheel (about an hour of 12.0a device code on 2 cores)")
+    ap.add_argument("--only-d", action="store_true", help="skip (a)-(c)")
     args = ap.parse_args()
     cache = Path(os.path.expanduser(args.cache))
     ws = snapshot(args.rev)
     result = {}
     build(ws, cache)  # settle (the snapshot's first build re-plans everything from the cache)
+    if not args.only_d:
+        wall, summary = build(ws, cache)
+        result["a_noop"] = {"wall_s": round(wall, 2), "executed": summary["executed"]}
 
-    wall, summary = build(ws, cache)
-    result["a_noop"] = {"wall_s": round(wall, 2), "executed": summary["executed"]}
+        envs = source_file(cache, ws, "vllm/envs.py")
+        add_patch(ws, "9001-bench-python-only.patch", "vllm/envs.py", envs,
+                  envs + f"# bgraph bench: Python only {os.urandom(4).hex()}\n",
+                  "Benchmark (b): a Python-only change.")
+        wall, summary = build(ws, cache)
+        result["b_python_patch"] = {"wall_s": round(wall, 2), "executed": summary["executed"],
+                                    "compile_side": ran(summary)}
+        (ws / "patches" / "vllm" / "9001-bench-python-only.patch").unlink()
+        build(ws, cache)
 
-    envs = source_file(cache, ws, "vllm/envs.py")
-    add_patch(ws, "9001-bench-python-only.patch", "vllm/envs.py", envs,
-              envs + f"# bgraph bench: Python only {os.urandom(4).hex()}\n",
-              "Benchmark (b): a Python-only change.")
-    wall, summary = build(ws, cache)
-    result["b_python_patch"] = {"wall_s": round(wall, 2), "executed": summary["executed"],
-                                "compile_side": ran(summary)}
-    (ws / "patches" / "vllm" / "9001-bench-python-only.patch").unlink()
-    build(ws, cache)
+        utils = source_file(cache, ws, "csrc/quantization/fp4/nvfp4_utils.cuh")
+        # A new value each run: an edit the cache has never seen (an earlier run's would be a hit).
+        marker = int.from_bytes(os.urandom(4), "little")
+        changed = utils.replace("namespace vllm {", f"namespace vllm {{\nconstexpr int kBgraphBenchMarker = {marker};", 1)
+        add_patch(ws, "9002-bench-nvfp4-utils.patch", "csrc/quantization/fp4/nvfp4_utils.cuh", utils, changed,
+                  "Benchmark (c): a change to the FP4 utilities header.")
+        wall, summary = build(ws, cache)
+        steps = ran(summary)
+        result["c_header_patch"] = {
+            "wall_s": round(wall, 2), "executed": summary["executed"], "compile_side": len(steps),
+            "tus": sorted({s.split()[1] for s in steps}),
+            "by_step": {k: sum(1 for s in steps if s.startswith(k + " ")) for k in
+                        ("hostpp", "devpp", "cudafe", "cicc", "ptxas", "hostcc", "compile")},
+            "cut_off": summary["cut_off"]}
+        explain = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain",
+                                  "--json", "//vllm:build-sm121"], capture_output=True, text=True, check=True)
+        reasons = {r["name"]: r["reason"] for r in json.loads(explain.stdout)
+                   if r["status"] == "executed" and r["mnemonic"] in COMPILE_MNEMONICS}
+        result["c_header_patch"]["explain"] = {
+            "compile_steps": len(reasons),
+            "naming_the_header": sum("nvfp4_utils.cuh" in why for why in reasons.values()),
+            "example": next(iter(sorted(reasons.items())), None)}
+        # What a user reads: `bgraph explain` of the wheel, which goes on into its dependencies.
+        text = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain", WHEEL],
+                              capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "400"}).stdout
+        blocks = text.split("  ran ")[1:]
+        result["c_header_patch"]["explain_wheel"] = {
+            "tu_blocks": sum(1 for b in blocks if " steps of " in b.splitlines()[0]),
+            "tu_blocks_naming_the_header": sum(1 for b in blocks if " steps of " in b.splitlines()[0]
+                                               and "nvfp4_utils.cuh" in b),
+            "text": text.splitlines()[:40]}
+        (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
+        build(ws, cache)
 
-    utils = source_file(cache, ws, "csrc/quantization/fp4/nvfp4_utils.cuh")
-    # A new value each run: an edit the cache has never seen (an earlier run's would be a hit).
-    marker = int.from_bytes(os.urandom(4), "little")
-    changed = utils.replace("namespace vllm {", f"namespace vllm {{\nconstexpr int kBgraphBenchMarker = {marker};", 1)
-    add_patch(ws, "9002-bench-nvfp4-utils.patch", "csrc/quantization/fp4/nvfp4_utils.cuh", utils, changed,
-              "Benchmark (c): a change to the FP4 utilities header.")
-    wall, summary = build(ws, cache)
-    steps = ran(summary)
-    result["c_header_patch"] = {
-        "wall_s": round(wall, 2), "executed": summary["executed"], "compile_side": len(steps),
-        "tus": sorted({s.split()[1] for s in steps}),
-        "by_step": {k: sum(1 for s in steps if s.startswith(k + " ")) for k in
-                    ("hostpp", "devpp", "cudafe", "cicc", "ptxas", "hostcc", "compile")},
-        "cut_off": summary["cut_off"]}
-    explain = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain",
-                              "--json", "//vllm:build-sm121"], capture_output=True, text=True, check=True)
-    reasons = {r["name"]: r["reason"] for r in json.loads(explain.stdout)
-               if r["status"] == "executed" and r["mnemonic"] in COMPILE_MNEMONICS}
-    result["c_header_patch"]["explain"] = {
-        "compile_steps": len(reasons),
-        "naming_the_header": sum("nvfp4_utils.cuh" in why for why in reasons.values()),
-        "example": next(iter(sorted(reasons.items())), None)}
-    # What a user reads: `bgraph explain` of the wheel, which goes on into its dependencies.
-    text = subprocess.run([sys.executable, "-m", "build_graph", "-C", ws, "--cache-dir", cache, "explain", WHEEL],
-                          capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "400"}).stdout
-    blocks = text.split("  ran ")[1:]
-    result["c_header_patch"]["explain_wheel"] = {
-        "tu_blocks": sum(1 for b in blocks if " steps of " in b.splitlines()[0]),
-        "tu_blocks_naming_the_header": sum(1 for b in blocks if " steps of " in b.splitlines()[0]
-                                           and "nvfp4_utils.cuh" in b),
-        "text": text.splitlines()[:40]}
-    (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
-    build(ws, cache)
-
-    smoke = "//vllm:smoke-fp4-sm121"
-    build(ws, cache, smoke)  # settle (shared with the full build's actions)
+    # (d) on the smoke subset (CI-sized), or with --d-whole on the wheel itself.
+    table, label = ("build-sm121", WHEEL) if args.d_whole else ("smoke-fp4-sm121", "//vllm:smoke-fp4-sm121")
+    build(ws, cache, label)  # settle (shared with the full build's actions)
     toml = ws / "targets" / "vllm.toml"
     text = toml.read_text()
-    head, _, tail = text.partition("[smoke-fp4-sm121]")
-    toml.write_text(head + "[smoke-fp4-sm121]" + tail.replace('archs = "sm121"', 'archs = ["12.1a", "12.0a"]', 1))
-    wall, summary = build(ws, cache, smoke)
+    head, _, tail = text.partition(f"[{table}]")
+    toml.write_text(head + f"[{table}]" + tail.replace('archs = "sm121"', 'archs = ["12.1a", "12.0a"]', 1))
+    wall, summary = build(ws, cache, label)
     executed = [a for a in summary["actions"] if a["status"] == "executed"]
     by_step: dict[str, int] = {}
     for a in executed:
         words = a["name"].split()
         step = words[0] + (f" {words[-1]}" if words[0] in ("devpp", "cicc", "ptxas") else "")
         by_step[step] = by_step.get(step, 0) + 1
-    result["d_add_arch_smoke"] = {
+    result["d_add_arch_whole" if args.d_whole else "d_add_arch_smoke"] = {
         "wall_s": round(wall, 2), "executed": len(executed), "by_step": dict(sorted(by_step.items())),
-        "cut_off": summary["cut_off"], "hits": summary["hits"]}
+        "cut_off": summary["cut_off"], "hits": summary["hits"],
+        "cpu_s": round(sum(a.get("duration_s") or 0 for a in executed), 1)}
     toml.write_text(text)
     print(json.dumps(result, indent=1))
     if args.json_out:
