@@ -23,6 +23,7 @@ from build_graph.rebuilder import Hit, Miss, Rebuilder
 from build_graph.scheduler import Scheduler
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
+from build_graph.store.json_table import JsonTable
 from build_graph.store.peaks import Peaks
 from build_graph.store.trace import Trace
 from build_graph.workspace import Workspace, host_platform
@@ -116,6 +117,7 @@ class Engine:
                                              warn or (lambda message: None))
         self.trace = Trace(self.cas.base, self.cas.tmp)
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
+        self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
         self.dep_map = dependency_map(ws)
         self._sandbox = None
@@ -133,7 +135,7 @@ class Engine:
     def probe_host(self, tools: tuple[str, ...]) -> tuple[HostTool, ...]:
         if tools not in self._host_cache:
             from build_graph.sandbox import probe_host_tools
-            self._host_cache[tools] = probe_host_tools(tools, self.digester)
+            self._host_cache[tools] = probe_host_tools(tools, self.digester, self.host_probes)
         return self._host_cache[tools]
 
     def execute(self, action: Action) -> tuple[Tree, ActionResult]:
@@ -288,6 +290,7 @@ class _BuildRun:
             self.e.cas.save_stamps()
             self.e.cas.save_sources()
             self.e.peaks.save()
+            self.e.host_probes.save()
         self.scheduler.join()
         if not self.failures and self.remaining and not self.e.options.dry_run:
             left = [t for t in self.order if t in self.remaining]

@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
+from build_graph.store.json_table import JsonTable
 
 LOW_SPACE = 16 << 20  # below this much free space, a failed action is reported as a full disk
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -35,25 +37,44 @@ def find_bwrap() -> str:
     return path
 
 
-def probe_host_tools(paths: tuple[str, ...], digester) -> tuple[HostTool, ...]:
-    """Identify host binaries by resolved path, first line of `--version` and content digest."""
+def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None = None) -> tuple[HostTool, ...]:
+    """Identify host binaries by resolved path, first line of `--version` and content digest.
+    `known` (path -> what an earlier probe found, with the binary's stat stamp) is used while
+    the stamp holds, and updated: a no-op build then hashes and runs nothing."""
     tools = []
     for p in paths:
         real = os.path.realpath(p)
-        if not os.path.isfile(real):
-            raise SandboxError(f"host tool {p} does not exist", hint="install it or fix host_tools.tools")
-        h = digester.new()
-        with open(real, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
         try:
-            out = subprocess.run([p, "--version"], capture_output=True, text=True, timeout=20,
-                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
-            version = (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
-        except (OSError, subprocess.TimeoutExpired):
-            version = ""
-        tools.append(HostTool(p if real == p else f"{p}={real}", version, h.hexdigest()))
+            st = os.stat(real)
+        except FileNotFoundError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise SandboxError(f"host tool {p} does not exist", hint="install it or fix host_tools.tools")
+        stamp = [real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        seen = known.table.get(f"{digester.name}:{p}") if known is not None else None
+        if seen and seen[:5] == stamp:
+            version, digest = seen[5], seen[6]
+        else:
+            version, digest = _probe_host_tool(p, real, digester)
+            if known is not None:
+                known.set(f"{digester.name}:{p}", [*stamp, version, digest])
+        tools.append(HostTool(p if real == p else f"{p}={real}", version, digest))
     return tuple(tools)
+
+
+def _probe_host_tool(p: str, real: str, digester) -> tuple[str, str]:
+    h = digester.new()
+    with open(real, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    try:
+        out = subprocess.run([p, "--version"], capture_output=True, text=True, timeout=20,
+                             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
+        text = (out.stdout or out.stderr).strip()
+        version = text.splitlines()[0] if text else ""
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    return version, h.hexdigest()
 
 
 MAX_MOUNTS = 256  # bwrap takes at most 9,000 arguments; one input mount costs three

@@ -299,3 +299,29 @@ def test_an_action_with_thousands_of_inputs_and_variables_runs(tmp_path):
     assert cas.read_bytes(tree.entries["n"]).strip() == b"4000"
     assert cas.read_bytes(tree.entries["v"]).strip() == b"/bgraph/in/d3999"
     cas.close()
+
+
+def test_host_tool_probes_are_remembered_until_the_binary_changes(tmp_path):
+    """A no-op build neither hashes nor runs the host tools again; a changed binary is re-probed."""
+    import shutil
+
+    from build_graph.model import Digester
+    from build_graph.sandbox import probe_host_tools
+    from build_graph.store.json_table import JsonTable
+
+    tool = tmp_path / "tool"
+    shutil.copy("/usr/bin/true", tool)
+    table = JsonTable(tmp_path / "host-tools.json", tmp_path)
+    [first] = probe_host_tools((str(tool),), Digester("blake3"), table)
+    assert "true" in first.version and table.dirty
+    table.save()
+
+    again = JsonTable(tmp_path / "host-tools.json", tmp_path)
+    shutil.copy("/usr/bin/false", tool)  # a write moves the stamp: the probe runs again
+    [changed] = probe_host_tools((str(tool),), Digester("blake3"), again)
+    assert changed.digest != first.digest and "false" in changed.version
+    # Unchanged since: the recorded probe is used (even a wrong recorded version is believed).
+    key = f"blake3:{tool}"
+    again.table[key][5] = "recorded"
+    [kept] = probe_host_tools((str(tool),), Digester("blake3"), again)
+    assert kept.version == "recorded" and kept.digest == changed.digest
