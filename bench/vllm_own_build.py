@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -78,15 +79,18 @@ def ccache_stats(env: dict) -> dict:
     return {k: int(stats.get(k, 0)) for k in keys}
 
 
-def pip_wheel(venv: Path, src: Path, dist: Path, env: dict, log: Path) -> float:
+def pip_wheel(venv: Path, src: Path, dist: Path, env: dict, log: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of pip and everything it ran: ninja, nvcc, cicc, ptxas, gcc)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.run([venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                                "-v", "-w", dist, src], env=env, stdout=out, stderr=subprocess.STDOUT)
     wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"pip wheel failed ({proc.returncode}); see {log}")
-    return wall
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def main() -> None:
@@ -145,11 +149,11 @@ def main() -> None:
         subprocess.run(["ccache", "-z"], env=env, capture_output=True, check=True)
         for old in dist.glob("*.whl"):
             old.unlink()
-        wall = pip_wheel(venv, src, dist, env, work / f"log-{step}.txt")
+        wall, cpu = pip_wheel(venv, src, dist, env, work / f"log-{step}.txt")
         edges = ninja_edges_since(src, offset)
         wheels = sorted(dist.glob("*.whl"))
         result[step] = {
-            "wall_s": round(wall, 1), "ninja_edges": len(edges),
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "ninja_edges": len(edges),
             "compiles": sorted(e for e in edges if e.endswith(".o")), "ccache": ccache_stats(env),
             "wheel": wheels[0].name if wheels else None}
         print(json.dumps({step: {k: v for k, v in result[step].items() if k != "compiles"}}), flush=True)
