@@ -3,6 +3,7 @@
 MAX_JOBS=2, for the same three steps bgraph is measured on in bench/vllm_incremental.py:
 
   cold   a fresh copy of the patched source, an empty ccache, no build directory
+  resume the same again without wiping anything (a cold build stopped part way goes on)
   b      a Python-only change (a line added to vllm/envs.py), in the same source tree
   c      a constexpr added to csrc/quantization/fp4/nvfp4_utils.cuh, in the same source tree
 
@@ -47,15 +48,24 @@ def bgraph_outputs(*labels: str) -> dict[str, Path]:
 
 def build_only_configured_targets(setup_py: Path) -> None:
     """setup.py asks CMake for every extension's target, the left-out externals' too (upstream
-    always fetches them); ask only for the targets the configure made, as bgraph's wheel does."""
+    always fetches them), and then copies triton_kernels' Python files unconditionally: ask only
+    for the targets the configure made, as bgraph's wheel does, and copy what exists."""
     text = setup_py.read_text()
-    anchor = "        num_jobs, _ = self.compute_num_jobs()\n"
-    if anchor not in text:
-        sys.exit(f"{setup_py}: cannot find where setup.py starts the CMake build")
-    setup_py.write_text(text.replace(anchor, (
-        "        known = subprocess.check_output(['ninja', '-t', 'targets', 'all'], cwd=self.build_temp, text=True)\n"
-        "        known = {line.split(':')[0] for line in known.splitlines()}\n"
-        "        targets = [t for t in targets if t in known]\n") + anchor, 1))
+    edits = [
+        ("        num_jobs, _ = self.compute_num_jobs()\n",
+         "        known = subprocess.check_output(['ninja', '-t', 'targets', 'all'], cwd=self.build_temp, text=True)\n"
+         "        known = {line.split(':')[0] for line in known.splitlines()}\n"
+         "        targets = [t for t in targets if t in known]\n"
+         "        num_jobs, _ = self.compute_num_jobs()\n"),
+        ("        if _is_cuda() or _is_hip():\n            # copy vllm/third_party/triton_kernels",
+         "        if (_is_cuda() or _is_hip()) and os.path.isdir(\n"
+         "                f\"{self.build_lib}/vllm/third_party/triton_kernels\"):\n"
+         "            # copy vllm/third_party/triton_kernels")]
+    for before, after in edits:
+        if before not in text:
+            sys.exit(f"{setup_py}: cannot find {before.strip()[:60]!r}")
+        text = text.replace(before, after, 1)
+    setup_py.write_text(text)
 
 
 def ninja_log(src: Path) -> Path | None:
