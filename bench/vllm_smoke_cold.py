@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Benchmark: a cold build of the same real vLLM work, bgraph against vLLM's own CMake + Ninja,
+side by side in one run (interleaved, --repeat times): the configure and the three FP4
+quantization TUs of //vllm:smoke-fp4-sm121 (nvfp4_quant_kernels, activation_nvfp4_quant_fusion_
+kernels, nvfp4_experts_quant) for 12.1a, Release.
+
+  bgraph  `bgraph build --check //vllm:smoke-fp4-sm121`: every action of the target re-executed
+          (configure, then per TU: dryrun, preprocessing, cudafe++, cicc, ptxas, fatbinary, host
+          compile, `ld -r`), in the sandbox, its inputs (toolkit, torch, CUTLASS) from the cache
+  vllm    `cmake -G Ninja` of the same patched source with the same cache variables into a fresh
+          build directory, then `ninja` of the same three objects (plain nvcc, no ccache)
+
+Both use the same nvcc 13.0.88 toolkit prefix, CUTLASS, torch 2.14.0, GCC 12, CMake 3.31.10 and
+Ninja 1.13.2. The whole wheel's cold figures are in BENCHMARKS.md; this isolates the per-TU cost
+of bgraph's decomposition on identical work.
+
+Usage: python3 bench/vllm_smoke_cold.py --venv /tmp/vv [--repeat 2] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = "//vllm:smoke-fp4-sm121"
+OBJECTS = ["CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/nvfp4_quant_kernels.cu.o",
+           "CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/activation_nvfp4_quant_fusion_kernels.cu.o",
+           "CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/nvfp4_experts_quant.cu.o"]
+
+
+def bgraph(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, *args], capture_output=True, text=True)
+    if proc.returncode not in (0, 3):
+        sys.exit(f"bgraph {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def timed(argv: list, **kw) -> tuple[float, float]:
+    """(wall, CPU of the process tree) of one command, which must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, **kw)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{argv[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def run_bgraph() -> dict:
+    start = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = bgraph("build", "-j2", "--json", "--check", SMOKE)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    executed = [a for a in summary["actions"] if a["status"] == "executed" and a["label"] == SMOKE]
+    return {"wall_s": round(time.monotonic() - start, 1),
+            "cpu_s": round((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), 1),
+            "actions": len(executed), "differing": sum(1 for a in executed if a.get("differs"))}
+
+
+def run_vllm(venv: Path, src: Path, inputs: dict[str, Path]) -> dict:
+    toolkit, cutlass = inputs["//vllm:cuda-toolkit"], inputs["//vllm:cutlass"]
+    build = Path(tempfile.mkdtemp(prefix="vllm-own-smoke-"))
+    env = {"PATH": f"{venv / 'bin'}:{toolkit / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
+           "LANG": "C.UTF-8", "CUDA_HOME": str(toolkit), "TORCH_CUDA_ARCH_LIST": "12.1a"}
+    cache = {"CMAKE_BUILD_TYPE": "Release", "VLLM_TARGET_DEVICE": "cuda",
+             "VLLM_PYTHON_EXECUTABLE": venv / "bin" / "python", "FETCHCONTENT_FULLY_DISCONNECTED": "ON",
+             "VLLM_CUTLASS_SRC_DIR": cutlass, "CUTLASS_INCLUDE_DIR": cutlass / "include",
+             "CUTLASS_TOOLS_UTIL_INCLUDE_DIR": cutlass / "tools/util/include",
+             "CUDA_cuda_driver_LIBRARY": inputs["//vllm:cuda-driver-stub"] / "libcuda.so",
+             "CUDAToolkit_ROOT": toolkit, "CUDA_TOOLKIT_ROOT_DIR": toolkit,
+             "CMAKE_CUDA_COMPILER": toolkit / "bin" / "nvcc", "CMAKE_C_COMPILER": "/usr/bin/gcc",
+             "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++"}
+    configure = timed([venv / "bin" / "cmake", "-G", "Ninja", "-S", src, "-B", build,
+                       *(f"-D{k}={v}" for k, v in cache.items())], env=env)
+    compile_ = timed([venv / "bin" / "ninja", "-C", build, "-j2", *OBJECTS], env=env)
+    shutil.rmtree(build)
+    return {"wall_s": round(configure[0] + compile_[0], 1), "cpu_s": round(configure[1] + compile_[1], 1),
+            "configure_s": round(configure[0], 1), "compile_s": round(compile_[0], 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--venv", required=True, type=Path, help="a venv with torch 2.14.0, cmake 3.31.10, ninja")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json-out", type=Path)
+    args = ap.parse_args()
+    outputs = bgraph("build", "--json", "//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass",
+                     "//vllm:cuda-driver-stub", SMOKE)["outputs"]
+    inputs = {k: Path(v) for k, v in outputs.items()}
+    # The configure writes generated sources into the tree: a writable copy, made once.
+    src = Path(tempfile.mkdtemp(prefix="vllm-src-")) / "vllm"
+    shutil.copytree(inputs["//sources:vllm-patched"], src, copy_function=shutil.copy)
+    for path in src.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o200)
+    runs: dict[str, list] = {"bgraph": [], "vllm": []}
+    for i in range(args.repeat):
+        order = ("bgraph", "vllm") if i % 2 == 0 else ("vllm", "bgraph")
+        for who in order:
+            runs[who].append(run_bgraph() if who == "bgraph" else run_vllm(args.venv.resolve(), src, inputs))
+            print(who, json.dumps(runs[who][-1]), flush=True)
+    shutil.rmtree(src.parent)
+    med = {who: sorted(r["wall_s"] for r in rs)[len(rs) // 2] for who, rs in runs.items()}
+    cpu = {who: sorted(r["cpu_s"] for r in rs)[len(rs) // 2] for who, rs in runs.items()}
+    result = {"runs": runs, "wall_ratio_bgraph_over_vllm": round(med["bgraph"] / med["vllm"], 3),
+              "cpu_ratio_bgraph_over_vllm": round(cpu["bgraph"] / cpu["vllm"], 3)}
+    print(json.dumps(result, indent=1))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
