@@ -470,7 +470,10 @@ def test_ctrl_c_leaves_the_store_consistent(make_ws):
     before = ws.ac_entries()
     proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
                              "build", "//p:slow"], env=hermetic_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # A shell's background job (`.ci/run &`) ignores SIGINT, and a child
+                            # would inherit that: give it the default, as a terminal's Ctrl-C sees.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 20
     while not list((ws.cache / "v1" / "tmp").glob("act-*")) and time.monotonic() < deadline:
         time.sleep(0.1)
