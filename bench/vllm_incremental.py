@@ -17,7 +17,7 @@ Each step starts from the previous one's patches removed (the cache makes that a
 bench/vllm_own_build.py.
 
 Usage: python3 bench/vllm_incremental.py [--rev HEAD] [--cache ~/.cache/bgraph] [--json-out FILE]
-                                         [--d-whole] [--only-d]
+                                         [--d-whole] [--only-d | --skip-d]
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--d-whole", action="store_true",
                     help="(d) on the whole wheel (about an hour of 12.0a device code on 2 cores)")
     ap.add_argument("--only-d", action="store_true", help="skip (a)-(c)")
+    ap.add_argument("--skip-d", action="store_true", help="skip (d)")
     args = ap.parse_args()
     cache = Path(os.path.expanduser(args.cache))
     ws = snapshot(args.rev)
@@ -137,6 +138,11 @@ def main() -> None:
         (ws / "patches" / "vllm" / "9002-bench-nvfp4-utils.patch").unlink()
         build(ws, cache)
 
+    if args.skip_d:
+        print(json.dumps(result, indent=1))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(result, indent=1))
+        return
     # (d) on the smoke subset (CI-sized), or with --d-whole on the wheel itself.
     table, label = ("build-sm121", WHEEL) if args.d_whole else ("smoke-fp4-sm121", "//vllm:smoke-fp4-sm121")
     build(ws, cache, label)  # settle (shared with the full build's actions)
