@@ -154,8 +154,9 @@ def _step_and_subject(name: str) -> tuple[str, str]:
 
 
 def _is_downstream(reason: str) -> bool:
-    """A miss caused by a file an earlier step of the same build made (/bgraph/in holds those)."""
-    return reason.startswith("input /bgraph/in/")
+    """A miss caused by a file an earlier step of the same build made (/bgraph/in holds those),
+    named by path, or by the mount's digest where the earlier inputs are no longer stored."""
+    return reason.startswith(("input /bgraph/in/", "input /bgraph/in "))
 
 
 LIST_ALL_UNDER = 20  # targets with more actions than this are summarized per subject (per TU)

@@ -556,12 +556,15 @@ def test_explain_groups_a_big_targets_steps_by_translation_unit():
         {"name": "devpp obj/a.cu.o 1210", "status": "executed", "reason": header, "duration_s": 1.0},
         {"name": "cicc obj/a.cu.o 121a", "status": "executed", "duration_s": 5.0,
          "reason": "input /bgraph/in/a.compute_121a.cpp1.ii 5e… -> 6f…"},
+        # Named by the mount's digest when the earlier input tree is no longer in the store
+        {"name": "hostcc obj/a.cu.o", "status": "executed", "duration_s": 2.0,
+         "reason": "input /bgraph/in 41f75c412e01… -> aa399f61512b…"},
     ] + [{"name": f"cicc obj/t{i}.cu.o 121a", "status": "cutoff", "reason": "upstream rebuilt to identical outputs",
           "duration_s": 0.0} for i in range(30)]
     out = io.StringIO()
     render_explain("//vllm:build", {"last_build": records}, Console(file=out, width=300, emoji=False))
     text = out.getvalue()
-    assert "ran 3 steps of obj/a.cu.o (7.00s)" in text
+    assert "ran 4 steps of obj/a.cu.o (9.00s)" in text
     assert f"because (hostpp, devpp 1210): {header}" in text
-    assert "then: cicc 121a (their inputs, made by the steps above, changed)" in text
+    assert "then: cicc 121a, hostcc (their inputs, made by the steps above, changed)" in text
     assert "30 cut off and 0 hits not listed" in text and "cicc obj/t3.cu.o" not in text
