@@ -149,7 +149,7 @@ def cmd_why(args, console: Console) -> int:
 
 
 def cmd_explain(args, console: Console) -> int:
-    from build_graph.graph import build_graph, deps as graph_deps
+    from build_graph.graph import dependency_map, deps_in_order
     from build_graph.model import Digester
     from build_graph.report import render_explain
     from build_graph.store.trace import Trace
@@ -168,7 +168,7 @@ def cmd_explain(args, console: Console) -> int:
     # Then each dependency whose last build ran something: the causes usually live there
     # (a patched header recompiles TUs of the imported CMake project under a wheel).
     quiet = 0
-    for dep in reversed(graph_deps(build_graph(ws), [label])):
+    for dep in reversed(deps_in_order(dependency_map(ws), [label])):
         if dep == label:
             continue
         dep_data = trace.load(str(dep))

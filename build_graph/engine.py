@@ -288,7 +288,6 @@ class _BuildRun:
         finally:
             self.e.reporter.finish()
             self.e.cas.save_stamps()
-            self.e.cas.save_sources()
             self.e.peaks.save()
             self.e.host_probes.save()
         self.scheduler.join()

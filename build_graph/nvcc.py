@@ -18,6 +18,14 @@ _ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 # A word of plain characters and double-quoted runs (no backslash, no single quote inside).
 _WORD = re.compile(r'(?:[^ \t\r\n"\'\\]+|"[^"\\]*")+')
 
+# A file name nvcc's steps pass between them (no directory part), as a whole token of an
+# argument: at its start or after '=', up to '=', ',', a space or the end.
+_NAME_IN_ARG = re.compile(r"(?:^|(?<==))([^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c))"
+                          r"(?=[=,\s]|$)")
+ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
+_PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c))$")
+_HOST_FILE = re.compile(r"^(?P<stem>.+?)(?:\.compute_\w+)?\.cudafe1\.cpp$")
+
 
 def split_command(line: str) -> list[str]:
     """shlex.split(line), fast for what nvcc --dryrun prints: without a backslash or a single
@@ -26,14 +34,6 @@ def split_command(line: str) -> list[str]:
     if "\\" in line or "'" in line or line.count('"') % 2:
         return shlex.split(line)  # escapes, single quotes, or an unbalanced quote shlex names
     return [w.replace('"', "") for w in _WORD.findall(line)]
-_INTERMEDIATE = re.compile(r"^[^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c)$")
-# A whole token (at the start or after '=', up to '=', ',', a space or the end) that is an
-# intermediate file name as _INTERMEDIATE defines it.
-_NAME_IN_ARG = re.compile(r"(?:^|(?<==))([^/\s=,]+\.(?:ii|cpp|c|gpu|ptx|cubin|module_id|fatbin|fatbin\.c|stub\.c))"
-                          r"(?=[=,\s]|$)")
-ENV_KEEP = ("CICC_PATH", "NVVMIR_LIBRARY_DIR", "LD_LIBRARY_PATH", "PATH")
-_PER_ARCH = re.compile(r"^(?P<stem>.+?)\.(?P<ext>cpp1\.ii|ptx|cubin|cudafe1\.(?:c|gpu|stub\.c))$")
-_HOST_FILE = re.compile(r"^(?P<stem>.+?)(?:\.compute_\w+)?\.cudafe1\.cpp$")
 
 
 def _canonical(name: str, single_arch: str | None) -> str:

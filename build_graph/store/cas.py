@@ -33,7 +33,7 @@ from pathlib import Path
 import orjson
 
 from build_graph.errors import StoreError
-from build_graph.store.atomic import write_json
+from build_graph.store.json_table import JsonTable
 from build_graph.store.lease import Holds, live_builds, take_if_free
 from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 
@@ -182,13 +182,13 @@ class LocalCas:
         self.tmp, self._lease_fd = self._lease_staging(staging)
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
-        self._stamps = self._load_stamps()
-        self._stored_trees: set[str] = set()
-        self._exec_lock = threading.Lock()  # root digests whose nodes this process has written
-        self._stamps_dirty = False
+        # Blob name -> stat stamp of the copy last hashed good (see verify).
+        self._stamps = JsonTable(self.base / "verified.json", self.tmp)
+        self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
+        self._exec_lock = threading.Lock()
         self._refreshed: set[str] = set()
-        self._sources: dict[str, list] | None = None
-        self._sources_dirty = False
+        # Workspace path -> stat stamp and digest (see put_source).
+        self._sources = JsonTable(self.base / "sources.json", self.tmp)
 
     def close(self) -> None:
         """Give up this process's lease and staging now (else at exit)."""
@@ -261,9 +261,8 @@ class LocalCas:
             st = p.stat()
         except FileNotFoundError:
             return
-        if p.name in self._stamps:  # it was verified a moment ago; keep that
-            self._stamps[p.name] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-            self._stamps_dirty = True
+        if p.name in self._stamps.table:  # it was verified a moment ago; keep that
+            self._stamps.set(p.name, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
         self._refreshed.add(digest)
 
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
@@ -294,30 +293,21 @@ class LocalCas:
         return FileEntry(digest, size, executable)
 
     # -- workspace sources: digests remembered by stat stamp (like git's index) -----------
-    def _load_sources(self) -> dict[str, list]:
-        try:
-            return orjson.loads((self.base / "sources.json").read_bytes())
-        except (FileNotFoundError, ValueError):
-            return {}
-
     def put_source(self, path: Path) -> FileEntry:
         """Store a workspace file, skipping the read and hash when its stat stamp (size, mtime,
         ctime, inode, mode) is the one recorded with its digest. Whether that blob is still
         stored is for the caller to check (store_sources does, once it holds them)."""
-        if self._sources is None:
-            self._sources = self._load_sources()
         key = os.fspath(path)
         st = os.stat(key)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
-        known = self._sources.get(key)
+        known = self._sources.table.get(key)
         if known and known[:5] == stamp:
             return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         entry = self.put_file(key)
         # A file changed within the clock's granularity of this stat could keep its stamp
         # (git's "racily clean" case): remember only stamps older than a couple of seconds.
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000:
-            self._sources[key] = [*stamp, entry.digest]
-            self._sources_dirty = True
+            self._sources.set(key, [*stamp, entry.digest])
         return entry
 
     def store_sources(self, root: Path, paths) -> Tree:
@@ -328,15 +318,9 @@ class LocalCas:
         gone = [p for p, f in tree.entries.items() if not self.has(f)]
         if gone:  # collected since its stamp was recorded: forget the stamp, store it again
             for p in gone:
-                self._sources.pop(os.fspath(root / p), None)
+                self._sources.discard(os.fspath(root / p))
             tree = Tree({**tree.entries, **{p: self.put_source(root / p) for p in gone}})
         return tree
-
-    def save_sources(self) -> None:
-        if not self._sources_dirty:
-            return
-        write_json(self.base / "sources.json", self._sources, self.tmp)
-        self._sources_dirty = False
 
     def has(self, entry: FileEntry) -> bool:
         p = self.blob_path(entry.digest)
@@ -345,18 +329,11 @@ class LocalCas:
         except FileNotFoundError:
             return False
 
-    def _load_stamps(self) -> dict[str, list[int]]:
-        try:
-            return orjson.loads((self.base / "verified.json").read_bytes())
-        except (FileNotFoundError, ValueError):
-            return {}
-
     def save_stamps(self) -> None:
-        """Persist which blobs were hashed and found good, keyed by their stat stamps."""
-        if not self._stamps_dirty:
-            return
-        write_json(self.base / "verified.json", self._stamps, self.tmp)
-        self._stamps_dirty = False
+        """Persist what this process learned: blobs hashed good and sources digested, each
+        keyed by its stat stamp."""
+        self._stamps.save()
+        self._sources.save()
 
     def verify(self, entry: FileEntry) -> bool:
         """True if the blob is present and hashes to its digest; a bad blob is removed.
@@ -381,12 +358,11 @@ class LocalCas:
                 if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
                 stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-                if self._stamps.get(name) == stamp:
+                if self._stamps.table.get(name) == stamp:
                     continue
                 if hash_file(copy, self.digester) != entry.digest:
                     raise CorruptBlob("digest mismatch")
-                self._stamps[name] = stamp
-                self._stamps_dirty = True
+                self._stamps.set(name, stamp)
         except FileNotFoundError:
             return False
         except CorruptBlob as e:
@@ -404,7 +380,7 @@ class LocalCas:
         self._verified.discard(digest + ".x")
         self._refreshed.discard(digest)
         for suffix in ("", ".x"):
-            self._stamps.pop(digest[2:] + suffix, None)
+            self._stamps.discard(digest[2:] + suffix)
 
     def read_bytes(self, entry: FileEntry) -> bytes:
         if not self.verify(entry):

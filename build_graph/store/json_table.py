@@ -1,5 +1,6 @@
 """A small JSON table in the cache (one file, loaded whole, written atomically when changed):
-what bgraph learns between builds (peak memory per action, host tool probes)."""
+what bgraph learns between builds (peak memory per action, host tool probes, the stat stamps
+of verified blobs and of workspace sources)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class JsonTable:
         self.path, self.tmp = path, tmp
         try:
             self.table: dict[str, Any] = orjson.loads(path.read_bytes())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # missing or unreadable: nothing learned yet
             self.table = {}
         if not isinstance(self.table, dict):
             self.table = {}
@@ -25,6 +26,10 @@ class JsonTable:
     def set(self, name: str, value: Any) -> None:
         if self.table.get(name) != value:
             self.table[name] = value
+            self.dirty = True
+
+    def discard(self, name: str) -> None:
+        if self.table.pop(name, None) is not None:
             self.dirty = True
 
     def save(self) -> None:
