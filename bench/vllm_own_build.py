@@ -25,25 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from vllm_own import INPUTS, bgraph_outputs, cmake_cache, timed, writable_copy
+
 BUILD_REQUIREMENTS = ["cmake==3.31.10", "ninja==1.13.2", "setuptools>=77.0.3,<81", "setuptools-scm>=8",
                       "setuptools-rust>=1.9", "wheel", "jinja2", "packaging>=24.2"]
-
-
-def bgraph_outputs(*labels: str) -> dict[str, Path]:
-    """Build (normally: hit) the shared inputs and return their output trees."""
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, "build", "--json", *labels],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bgraph build of the inputs failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return {k: Path(v) for k, v in json.loads(proc.stdout)["outputs"].items()}
 
 
 def build_only_configured_targets(setup_py: Path) -> None:
@@ -91,16 +81,13 @@ def ccache_stats(env: dict) -> dict:
 
 def pip_wheel(venv: Path, src: Path, dist: Path, env: dict, log: Path) -> tuple[float, float]:
     """(wall seconds, CPU seconds of pip and everything it ran: ninja, nvcc, cicc, ptxas, gcc)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.run([venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                               "-v", "-w", dist, src], env=env, stdout=out, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall, cpu, proc = timed(lambda: subprocess.run(
+            [venv / "bin" / "python", "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", dist,
+             src], env=env, stdout=out, stderr=subprocess.STDOUT))
     if proc.returncode != 0:
         sys.exit(f"pip wheel failed ({proc.returncode}); see {log}")
-    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, cpu
 
 
 def main() -> None:
@@ -114,33 +101,21 @@ def main() -> None:
     venv, work = args.venv.resolve(), args.work.resolve()
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", *BUILD_REQUIREMENTS], check=True)
 
-    out = bgraph_outputs("//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass",
-                         "//vllm:cuda-driver-stub")
-    toolkit, cutlass = out["//vllm:cuda-toolkit"], out["//vllm:cutlass"]
-    stub = out["//vllm:cuda-driver-stub"] / "libcuda.so"
+    out = bgraph_outputs(*INPUTS)
+    toolkit = out["//vllm:cuda-toolkit"]
     src, dist, ccache_dir = work / "src", work / "dist", work / "ccache"
     if "cold" in steps:
         for path in (src, dist, ccache_dir):
             shutil.rmtree(path, ignore_errors=True)
-        # A plain copy: bgraph's output trees are hard links into its store and must stay read-only.
-        shutil.copytree(out["//sources:vllm-patched"], src, copy_function=shutil.copy)
-        for path in src.rglob("*"):
-            if not path.is_symlink():
-                path.chmod(path.stat().st_mode | 0o200)
+        writable_copy(out["//sources:vllm-patched"], src)
         build_only_configured_targets(src / "setup.py")
     dist.mkdir(parents=True, exist_ok=True)
-    cmake_args = {
-        "FETCHCONTENT_FULLY_DISCONNECTED": "ON", "VLLM_CUTLASS_SRC_DIR": cutlass,
-        "CUTLASS_INCLUDE_DIR": cutlass / "include", "CUTLASS_TOOLS_UTIL_INCLUDE_DIR": cutlass / "tools/util/include",
-        "CUDA_cuda_driver_LIBRARY": stub, "CUDAToolkit_ROOT": toolkit, "CUDA_TOOLKIT_ROOT_DIR": toolkit,
-        "CMAKE_CUDA_COMPILER": toolkit / "bin" / "nvcc", "CMAKE_C_COMPILER": "/usr/bin/gcc",
-        "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++"}
     env = {
         "PATH": f"{venv / 'bin'}:{toolkit / 'bin'}:/usr/local/bin:/usr/bin:/bin",  # no cargo: no Rust frontend
         "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "TMPDIR": str(work / "tmp"),
         "CUDA_HOME": str(toolkit), "TORCH_CUDA_ARCH_LIST": "12.1a", "VLLM_TARGET_DEVICE": "cuda",
         "MAX_JOBS": "2", "CCACHE_DIR": str(ccache_dir), "CCACHE_MAXSIZE": "30G",
-        "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in cmake_args.items()),
+        "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in cmake_cache(out).items()),
         "PIP_NO_INDEX": "1"}  # nothing downloads during the build
     (work / "tmp").mkdir(parents=True, exist_ok=True)
 

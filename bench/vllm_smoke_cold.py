@@ -22,67 +22,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from vllm_own import INPUTS, bgraph_json, bgraph_outputs, cmake_cache, timed, writable_copy
+
 SMOKE = "//vllm:smoke-fp4-sm121"
 OBJECTS = ["CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/nvfp4_quant_kernels.cu.o",
            "CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/activation_nvfp4_quant_fusion_kernels.cu.o",
            "CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/nvfp4_experts_quant.cu.o"]
 
 
-def bgraph(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, *args], capture_output=True, text=True)
-    if proc.returncode not in (0, 3):
-        sys.exit(f"bgraph {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout)
-
-
-def timed(argv: list, **kw) -> tuple[float, float]:
+def run_checked(argv: list, **kw) -> tuple[float, float]:
     """(wall, CPU of the process tree) of one command, which must succeed."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, **kw)
-    wall = time.monotonic() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall, cpu, proc = timed(lambda: subprocess.run(argv, capture_output=True, text=True, **kw))
     if proc.returncode != 0:
         sys.exit(f"{argv[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return wall, cpu
 
 
 def run_bgraph() -> dict:
-    start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    summary = bgraph("build", "-j2", "--json", "--check", SMOKE)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # Exit 3: some action's outputs differ (counted below), not a failure.
+    wall, cpu, summary = timed(lambda: bgraph_json("build", "-j2", "--json", "--check", SMOKE, ok=(0, 3)))
     executed = [a for a in summary["actions"] if a["status"] == "executed" and a["label"] == SMOKE]
-    return {"wall_s": round(time.monotonic() - start, 1),
-            "cpu_s": round((after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), 1),
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "actions": len(executed), "differing": sum(1 for a in executed if a.get("differs"))}
 
 
 def run_vllm(venv: Path, src: Path, inputs: dict[str, Path]) -> dict:
-    toolkit, cutlass = inputs["//vllm:cuda-toolkit"], inputs["//vllm:cutlass"]
+    toolkit = inputs["//vllm:cuda-toolkit"]
     build = Path(tempfile.mkdtemp(prefix="vllm-own-smoke-"))
     env = {"PATH": f"{venv / 'bin'}:{toolkit / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
            "LANG": "C.UTF-8", "CUDA_HOME": str(toolkit), "TORCH_CUDA_ARCH_LIST": "12.1a"}
     cache = {"CMAKE_BUILD_TYPE": "Release", "VLLM_TARGET_DEVICE": "cuda",
-             "VLLM_PYTHON_EXECUTABLE": venv / "bin" / "python", "FETCHCONTENT_FULLY_DISCONNECTED": "ON",
-             "VLLM_CUTLASS_SRC_DIR": cutlass, "CUTLASS_INCLUDE_DIR": cutlass / "include",
-             "CUTLASS_TOOLS_UTIL_INCLUDE_DIR": cutlass / "tools/util/include",
-             "CUDA_cuda_driver_LIBRARY": inputs["//vllm:cuda-driver-stub"] / "libcuda.so",
-             "CUDAToolkit_ROOT": toolkit, "CUDA_TOOLKIT_ROOT_DIR": toolkit,
-             "CMAKE_CUDA_COMPILER": toolkit / "bin" / "nvcc", "CMAKE_C_COMPILER": "/usr/bin/gcc",
-             "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++"}
-    configure = timed([venv / "bin" / "cmake", "-G", "Ninja", "-S", src, "-B", build,
-                       *(f"-D{k}={v}" for k, v in cache.items())], env=env)
-    compile_ = timed([venv / "bin" / "ninja", "-C", build, "-j2", *OBJECTS], env=env)
+             "VLLM_PYTHON_EXECUTABLE": venv / "bin" / "python", **cmake_cache(inputs)}
+    configure = run_checked([venv / "bin" / "cmake", "-G", "Ninja", "-S", src, "-B", build,
+                             *(f"-D{k}={v}" for k, v in cache.items())], env=env)
+    compile_ = run_checked([venv / "bin" / "ninja", "-C", build, "-j2", *OBJECTS], env=env)
     shutil.rmtree(build)
     return {"wall_s": round(configure[0] + compile_[0], 1), "cpu_s": round(configure[1] + compile_[1], 1),
             "configure_s": round(configure[0], 1), "compile_s": round(compile_[0], 1)}
@@ -94,15 +73,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
-    outputs = bgraph("build", "--json", "//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass",
-                     "//vllm:cuda-driver-stub", SMOKE)["outputs"]
-    inputs = {k: Path(v) for k, v in outputs.items()}
-    # The configure writes generated sources into the tree: a writable copy, made once.
-    src = Path(tempfile.mkdtemp(prefix="vllm-src-")) / "vllm"
-    shutil.copytree(inputs["//sources:vllm-patched"], src, copy_function=shutil.copy)
-    for path in src.rglob("*"):
-        if not path.is_symlink():
-            path.chmod(path.stat().st_mode | 0o200)
+    inputs = bgraph_outputs(*INPUTS, SMOKE)
+    src = Path(tempfile.mkdtemp(prefix="vllm-src-")) / "vllm"  # one writable copy for every run
+    writable_copy(inputs["//sources:vllm-patched"], src)
     runs: dict[str, list] = {"bgraph": [], "vllm": []}
     for i in range(args.repeat):
         order = ("bgraph", "vllm") if i % 2 == 0 else ("vllm", "bgraph")

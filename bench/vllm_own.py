@@ -1,0 +1,61 @@
+"""What the benches of vLLM's own build share (bench/vllm_own_build.py, bench/vllm_smoke_cold.py):
+bgraph's pinned inputs, a writable copy of the patched source, the CMake cache variables that
+point vLLM's CMake at those inputs, and timing a command with the CPU of its process tree."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+INPUTS = ("//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass", "//vllm:cuda-driver-stub")
+
+
+def bgraph_json(*args: str, ok: tuple[int, ...] = (0,)) -> dict:
+    """Run `bgraph ARGS` in this workspace and return its JSON output (exit if it fails)."""
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, *args], capture_output=True, text=True)
+    if proc.returncode not in ok:
+        sys.exit(f"bgraph {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def bgraph_outputs(*labels: str) -> dict[str, Path]:
+    """Build (normally: hit) the labels and return their output trees."""
+    return {k: Path(v) for k, v in bgraph_json("build", "--json", *labels)["outputs"].items()}
+
+
+def writable_copy(tree: Path, dest: Path) -> None:
+    """A plain copy of an output tree: bgraph's trees are hard links into its store and stay
+    read-only, and vLLM's configure writes generated sources into its source tree."""
+    shutil.copytree(tree, dest, copy_function=shutil.copy)
+    for path in dest.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o200)
+
+
+def cmake_cache(outputs: dict[str, Path]) -> dict[str, Any]:
+    """The cache variables of //vllm:build-sm121's configure, with bgraph's input trees."""
+    toolkit, cutlass = outputs["//vllm:cuda-toolkit"], outputs["//vllm:cutlass"]
+    return {"FETCHCONTENT_FULLY_DISCONNECTED": "ON", "VLLM_CUTLASS_SRC_DIR": cutlass,
+            "CUTLASS_INCLUDE_DIR": cutlass / "include",
+            "CUTLASS_TOOLS_UTIL_INCLUDE_DIR": cutlass / "tools/util/include",
+            "CUDA_cuda_driver_LIBRARY": outputs["//vllm:cuda-driver-stub"] / "libcuda.so",
+            "CUDAToolkit_ROOT": toolkit, "CUDA_TOOLKIT_ROOT_DIR": toolkit,
+            "CMAKE_CUDA_COMPILER": toolkit / "bin" / "nvcc", "CMAKE_C_COMPILER": "/usr/bin/gcc",
+            "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++"}
+
+
+def timed(run: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds of every process `run` started and waited for, its result)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    result = run()
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), result
