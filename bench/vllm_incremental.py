@@ -26,12 +26,18 @@ import argparse
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from build_graph.model import Digester
+from build_graph.store.action_cache import LocalActionCache
+from build_graph.store.cas import LocalCas
+from build_graph.store.trace import Trace
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL = "//wheels:vllm-sm121"
@@ -76,6 +82,50 @@ def ran(summary: dict) -> list[str]:
                   if a["status"] == "executed" and a["mnemonic"] in COMPILE_MNEMONICS)
 
 
+def by_step(actions: list[dict]) -> dict[str, int]:
+    """Counts per step, the device steps per arch ("ptxas 120a")."""
+    counts: dict[str, int] = {}
+    for a in actions:
+        words = a["name"].split()
+        step = words[0] + (f" {words[-1]}" if words[0] in ("devpp", "cicc", "ptxas") else "")
+        counts[step] = counts.get(step, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def recorded(ac: LocalActionCache, key: str):
+    """The cached result of a build's action key; for a depfile-narrowed compile the key is its
+    prekey, and the result is filed under the narrowed key its newest manifest entry names."""
+    result = ac.get(key)
+    if result is None and (entries := ac.get_manifest(key)):
+        result = ac.get(entries[0]["key"])
+    return result
+
+
+# CCCL names its inline namespaces after __CUDA_ARCH_LIST__ (CUB_300001_SM_1210 -> CUB_300001_SM_1200_1210),
+# so adding an arch changes the code of every TU that includes CUB or Thrust, for every arch.
+CCCL_NAMESPACE = re.compile(rb"\d*(CUB|THRUST|CCCL)_\d+_SM_[0-9_]+?(_NS)?(?=[^0-9_]|_[^0-9])")
+
+
+def old_arch_ptx_rerun(cache: Path, ac: LocalActionCache, before: dict, after: dict) -> dict:
+    """The 12.1a cicc steps that (d) re-ran, and how many of their PTX files differ from the 12.1a
+    build's only in CCCL's arch-list namespace names."""
+    cas = LocalCas(cache, Digester())
+    rerun = [n for n, v in after.items() if n.startswith("cicc ") and n.endswith(" 121a")
+             and n in before and before[n]["key"] != v["key"]]
+    only_namespaces = 0
+    for name in rerun:
+        old, new = (recorded(ac, t[name]["key"]) for t in (before, after))
+        if old is None or new is None:
+            continue
+        trees = [cas.get_tree(r.output_tree) for r in (old, new)]
+        ptx = [p for p in trees[0].entries if p.endswith(".ptx")]
+        if ptx and all(p in trees[1].entries for p in ptx) and all(
+                CCCL_NAMESPACE.sub(b"NS", cas.read_bytes(trees[0].entries[p]))
+                == CCCL_NAMESPACE.sub(b"NS", cas.read_bytes(trees[1].entries[p])) for p in ptx):
+            only_namespaces += 1
+    return {"cicc_121a_rerun": len(rerun), "ptx_differs_only_in_cccl_namespaces": only_namespaces}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rev", default="HEAD")
@@ -87,6 +137,7 @@ def main() -> None:
     ap.add_argument("--skip-d", action="store_true", help="skip (d)")
     args = ap.parse_args()
     cache = Path(os.path.expanduser(args.cache))
+    store = cache / "v1" / "blake3"
     ws = snapshot(args.rev)
     result = {}
     build(ws, cache)  # settle (the snapshot's first build re-plans everything from the cache)
@@ -145,22 +196,30 @@ def main() -> None:
         return
     # (d) on the smoke subset (CI-sized), or with --d-whole on the wheel itself.
     table, label = ("build-sm121", WHEEL) if args.d_whole else ("smoke-fp4-sm121", "//vllm:smoke-fp4-sm121")
-    build(ws, cache, label)  # settle (shared with the full build's actions)
+    _, base = build(ws, cache, label)  # settle (shared with the full build's actions)
+    base_keys = {a["key"] for a in base["actions"]}
+    compile_target = "//vllm:build-sm121" if args.d_whole else label
+    base_trace = Trace(store, store / "tmp").load(compile_target).get("actions", {})
     toml = ws / "targets" / "vllm.toml"
     text = toml.read_text()
     head, _, tail = text.partition(f"[{table}]")
     toml.write_text(head + f"[{table}]" + tail.replace('archs = "sm121"', 'archs = ["12.1a", "12.0a"]', 1))
     wall, summary = build(ws, cache, label)
     executed = [a for a in summary["actions"] if a["status"] == "executed"]
-    by_step: dict[str, int] = {}
-    for a in executed:
-        words = a["name"].split()
-        step = words[0] + (f" {words[-1]}" if words[0] in ("devpp", "cicc", "ptxas") else "")
-        by_step[step] = by_step.get(step, 0) + 1
+    # What (d) has to run on a cache that holds only the 12.1a build: the actions whose key the 12.1a graph
+    # lacks. It does not depend on what this cache already holds (a resumed run executes fewer); their CPU
+    # time is what the action cache recorded when each ran.
+    new = [a for a in summary["actions"] if a["key"] not in base_keys]
+    ac = LocalActionCache(store, store / "tmp")
+    new_cpu = sum((r.duration_s if (r := recorded(ac, a["key"])) else 0.0) for a in new)
     result["d_add_arch_whole" if args.d_whole else "d_add_arch_smoke"] = {
-        "wall_s": round(wall, 2), "executed": len(executed), "by_step": dict(sorted(by_step.items())),
+        "wall_s": round(wall, 2), "executed": len(executed), "by_step": by_step(executed),
         "cut_off": summary["cut_off"], "hits": summary["hits"],
-        "cpu_s": round(sum(a.get("duration_s") or 0 for a in executed), 1)}
+        "cpu_s": round(sum(a.get("duration_s") or 0 for a in executed), 1),
+        "graph_actions": len(summary["actions"]), "base_graph_actions": len(base["actions"]),
+        "new_keys": len(new), "new_keys_by_step": by_step(new), "new_keys_action_s": round(new_cpu, 1),
+        "old_arch_ptx_rerun": old_arch_ptx_rerun(cache, ac, base_trace,
+                                                 Trace(store, store / "tmp").load(compile_target).get("actions", {}))}
     toml.write_text(text)
     print(json.dumps(result, indent=1))
     if args.json_out:
