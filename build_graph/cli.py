@@ -64,7 +64,7 @@ def cmd_build(args, console: Console) -> int:
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
-        check_sample=args.check_sample, dry_run=args.dry_run, platform=platform)
+        check_sample=args.check_sample, dry_run=args.dry_run, platform=platform, profile=bool(args.profile))
     cache = cache_dir(ws, args.cache_dir)
     log_path = None
     if not args.json:
@@ -84,6 +84,8 @@ def cmd_build(args, console: Console) -> int:
         summary["compared_with_other_cache"] = compared
     if not result.failures and not options.dry_run:
         summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
+    if result.profile is not None:
+        result.profile.write(Path(args.profile))
     for err in result.failures:
         console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
     if args.json:
@@ -98,6 +100,11 @@ def cmd_build(args, console: Console) -> int:
         if compared is not None:
             console.print(f"compared {compared} action(s) with {args.check_against}: "
                           f"{len(summary['differing'])} differing", highlight=False)
+        if "profile" in summary:
+            p = summary["profile"]
+            console.print(f"profile: {_escape(args.profile)} — action lanes busy {p['lanes_busy']:.0%} of the wall time; "
+                          f"{p['process_s']:.1f}s in processes, {p['sandbox_and_store_s']:.1f}s around them "
+                          f"(sandbox, store), {p['planning_thread_s']:.1f}s planning", highlight=False)
         if (summary["executed"] or summary["failed"]) and log_path:
             console.print(f"[dim]executed actions and their reasons: {log_path}[/]", highlight=False)
     if summary["differing"]:
@@ -305,6 +312,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--remote-trusted-key", metavar="HEX", action="append",
                    help="accept only remote results signed by this ed25519 public key (repeatable)")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
+    b.add_argument("--profile", metavar="FILE",
+                   help="write the build's timeline to FILE (Chrome trace format: open it in Perfetto or chrome://tracing)")
     b.add_argument("-v", "--verbose", action="store_true", help="print every executed action and its reason")
     b.set_defaults(fn=cmd_build)
 

@@ -19,6 +19,7 @@ from build_graph.graph import dependency_map, deps_in_order
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
 from build_graph.planner import TargetPlan, expand_sources, plan_target
+from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss, Rebuilder
 from build_graph.scheduler import Scheduler
 from build_graph.store.action_cache import LocalActionCache
@@ -52,6 +53,7 @@ class BuildOptions:
     dry_run: bool = False  # plan and look up the cache; run nothing
     remote: Any = None  # a workspace.RemoteSection with a url: the shared cache behind the local one
     platform: str = field(default_factory=host_platform)
+    profile: bool = False  # collect the build's timeline (--profile)
 
 
 @dataclass
@@ -63,6 +65,7 @@ class BuildResult:
     requested: list[Label]
     unplanned: list[Label] = field(default_factory=list)  # --dry-run: targets waiting on a miss
     remote: dict[str, Any] | None = None  # what the remote cache did, when one is configured
+    profile: Profile | None = None  # the timeline, under --profile
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
@@ -82,6 +85,7 @@ class BuildResult:
             "errors": [e.render() for e in self.failures],
             **({"targets_unplanned": [str(t) for t in self.unplanned]} if self.unplanned else {}),
             **({"remote": self.remote} if self.remote is not None else {}),
+            **({"profile": self.profile.summary(self.wall_s)} if self.profile is not None else {}),
         }
 
 
@@ -138,8 +142,9 @@ class Engine:
             self._host_cache[tools] = probe_host_tools(tools, self.digester, self.host_probes)
         return self._host_cache[tools]
 
-    def execute(self, action: Action) -> tuple[Tree, ActionResult]:
-        """Run one action on the runner its kind needs."""
+    def execute(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
+        """Run one action on the runner its kind needs (a sandboxed one leaves its process's
+        start and end in `stamps`)."""
         if action.kind == "fetch":
             if self._fetcher is None:
                 from build_graph.fetcher import Fetcher
@@ -147,11 +152,13 @@ class Engine:
             return self._fetcher.run(action)
         if action.kind == "extract":
             return archive.extract(self.cas, action)
-        return self.sandbox.run(action)
+        return self.sandbox.run(action, stamps)
 
-    def _run_and_record(self, action: Action) -> tuple[Tree, ActionResult, str]:
+    def _run_and_record(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult, str]:
         """Execute, file the result; returns it with the key it was filed under."""
-        tree, result = self.execute(action)
+        tree, result = self.execute(action, stamps)
+        if stamps is not None:
+            stamps["executed"] = time.monotonic()
         return tree, result, self.rebuilder.record(action, tree, result)
 
     # -- the loop ------------------------------------------------------------------------
@@ -264,6 +271,7 @@ class _BuildRun:
         self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
+        self.profile = Profile(engine.options.jobs) if engine.options.profile else None
         # --check-sample N: re-execute N of the actions the last build recorded for these targets.
         n = engine.options.check_sample
         self.sample = engine._sample_keys(self.order, n) if n else None
@@ -276,7 +284,10 @@ class _BuildRun:
             while self.inflight:
                 done, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
                 for fut in done:
+                    taken, (label, _slot, action, *_rest) = time.monotonic(), self.inflight[fut]
                     self._finished(fut)
+                    if self.profile is not None:
+                        self.profile.plan(f"take back {label} {action.name}", taken)
                 if not self.stopping:
                     self._start_ready()
         except KeyboardInterrupt:
@@ -296,7 +307,7 @@ class _BuildRun:
             self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, left))))
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
-                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None)
+                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile)
 
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)
@@ -338,6 +349,7 @@ class _BuildRun:
                 continue  # failed meanwhile
             self.remaining.discard(label)
             target = e.ws.targets[label]
+            planned = time.monotonic()
             try:
                 expanded = expand_sources(e.ws, target)
                 sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
@@ -347,6 +359,8 @@ class _BuildRun:
                 self._dispatch(label, plan.start())
             except BgraphError as err:
                 self._fail(label, err)
+            if self.profile is not None:
+                self.profile.plan(f"plan {label}", planned)
 
     def _dispatch(self, label: Label, ready: list) -> None:
         """Check each ready action: a hit completes its slot at once (possibly readying more),
@@ -377,7 +391,7 @@ class _BuildRun:
                 continue
             e.reporter.action_started(label, action)
             budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
-            fut = self.scheduler.submit(lambda a=action: e._run_and_record(a), budget)
+            fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
             self.inflight[fut] = (label, slot, action, reason, cached)
             state.running += 1
         if state.plan.output is not None and not state.running:
@@ -388,6 +402,16 @@ class _BuildRun:
                 e.trace.save(str(label), trace)
             del self.targets[label]
             e.reporter.target_done(label)
+
+    def _run(self, label: Label, action: Action, reason: str, submitted: float) -> tuple[Tree, ActionResult, str]:
+        """On an action thread: execute and file `action`, timed under --profile."""
+        if self.profile is None:
+            return self.e._run_and_record(action)
+        start, stamps = time.monotonic(), {}
+        out = self.e._run_and_record(action, stamps)
+        self.profile.action(f"{label} {action.name}", start, stamps, time.monotonic(), mnemonic=action.mnemonic,
+                            reason=reason, queued_s=round(start - submitted, 3), peak_mb=out[1].peak_mb)
+        return out
 
     def _finished(self, fut: Future) -> None:
         """Take one finished (or failed, or cancelled) action back into its target's plan."""

@@ -124,7 +124,9 @@ class BwrapRunner:
         has 10,000 $IN_ variables, beyond bwrap's 9,000 arguments."""
         return dict(action.env)
 
-    def run(self, action: Action) -> tuple[Tree, ActionResult]:
+    def run(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
+        """Run `action` in a fresh sandbox; its outputs go into the store. `stamps`, when given,
+        receives when the process started and ended (for --profile)."""
         if self.stopping:
             raise ActionFailed("interrupted", where=action.name)
         whole = action.outputs == (".",)  # the action's whole output directory
@@ -167,7 +169,10 @@ class BwrapRunner:
                     sampler.stop()
                     with self._lock:
                         self._procs.discard(proc)
-            duration = time.monotonic() - start
+            end = time.monotonic()
+            duration = end - start
+            if stamps is not None:
+                stamps.update(process_start=start, process_end=end)
             stderr = stderr_path.read_bytes()
             stdout = stdout_path.read_bytes()
             if self.stopping:
