@@ -42,6 +42,7 @@ def _workspace(args) -> Workspace:
 def cmd_build(args, console: Console) -> int:
     from build_graph.engine import BuildOptions, Engine
     from build_graph.errors import PlanError
+    from build_graph.profile import writable_profile_path
     from build_graph.report import RichReporter, print_summary
     from build_graph.workspace import host_platform, remote_settings
 
@@ -65,6 +66,7 @@ def cmd_build(args, console: Console) -> int:
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
         check_sample=args.check_sample, dry_run=args.dry_run, platform=platform, profile=bool(args.profile))
+    profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
     log_path = None
     if not args.json:
@@ -85,7 +87,7 @@ def cmd_build(args, console: Console) -> int:
     if not result.failures and not options.dry_run:
         summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
     if result.profile is not None:
-        result.profile.write(Path(args.profile))
+        result.profile.write(profile_path)
     for err in result.failures:
         console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
     if args.json:

@@ -19,6 +19,12 @@ class BgraphError(Exception):
         return f"{head}\n  hint: {self.hint}" if self.hint else head
 
 
+class UsageError(BgraphError):
+    """A command-line option that cannot work (checked before anything runs)."""
+
+    layer = "usage"
+
+
 class LoadError(BgraphError):
     layer = "load"
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from build_graph.errors import UsageError
+
 
 @dataclass
 class Span:
@@ -93,5 +95,17 @@ class Profile:
         return {"traceEvents": names + events, "displayTimeUnit": "ms"}
 
     def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.chrome_trace()))
+
+
+def writable_profile_path(path: str) -> Path:
+    """`path`, once it is known to be writable (checked before the build, not after an hour of it)."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write the profile to {path}: {e.strerror}",
+                         hint="give --profile a file in a writable directory") from None
+    return p

@@ -61,3 +61,14 @@ def test_build_writes_a_chrome_trace_of_what_ran(make_ws, tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     assert not [e for e in events if e.get("cat") == "action"]
     assert [e for e in events if e.get("cat") == "plan"]
+
+
+@requires_bwrap
+def test_an_unwritable_profile_path_is_refused_before_anything_runs(make_ws, tmp_path):
+    ws = make_ws(PARALLEL)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    run = ws.cli("build", "--profile", str(blocker / "profile.json"), "//p:x")
+    assert run.rc == 2 and "Traceback" not in run.stderr
+    assert f"cannot write the profile to {blocker / 'profile.json'}" in run.stderr and "hint:" in run.stderr
+    assert not (ws.cache / "v1").exists() or not ws.ac_entries()  # nothing ran
