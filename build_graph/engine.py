@@ -41,6 +41,7 @@ class ActionRecord:
     duration_s: float = 0.0
     differs: bool = False
     peak_mb: int = 0
+    cpu_s: float = 0.0
 
 
 @dataclass
@@ -80,6 +81,8 @@ class BuildResult:
             "would_run": self.count("would-run"),
             "differing": [f"{r.label} {r.name}" for r in self.records if r.differs],
             "wall_s": round(self.wall_s, 3),
+            # CPU of the executed actions' processes, where the host lets the sandbox account it (else 0)
+            "cpu_s": round(sum(r.cpu_s for r in self.records if r.status == "executed"), 3),
             "targets": [str(t) for t in self.requested],
             "actions": [dict(r.__dict__) for r in self.records],
             "errors": [e.render() for e in self.failures],
@@ -410,7 +413,8 @@ class _BuildRun:
         start, stamps = time.monotonic(), {}
         out = self.e._run_and_record(action, stamps)
         self.profile.action(f"{label} {action.name}", start, stamps, time.monotonic(), mnemonic=action.mnemonic,
-                            reason=reason, queued_s=round(start - submitted, 3), peak_mb=out[1].peak_mb)
+                            reason=reason, queued_s=round(start - submitted, 3), peak_mb=out[1].peak_mb,
+                            cpu_s=out[1].cpu_s)
         return out
 
     def _finished(self, fut: Future) -> None:
@@ -434,7 +438,7 @@ class _BuildRun:
         tree, result, key = fut.result()
         differs = cached_tree is not None and tree != cached_tree
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
-                                         result.duration_s, differs, result.peak_mb))
+                                         result.duration_s, differs, result.peak_mb, result.cpu_s))
         self.e.peaks.record(f"{label} {action.name}", result.peak_mb)
         self.dirty.add(label)
         state.executed_any = True

@@ -356,6 +356,7 @@ class ActionResult:
     duration_s: float
     output_entries: int = 0
     peak_mb: int = 0  # peak resident memory of the action's processes (0: not measured)
+    cpu_s: float = 0.0  # CPU time (user + system) of the action's processes (0: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -69,7 +69,8 @@ class RichReporter:
             elif record.status == "executed":
                 self.executed += 1
                 self.took.setdefault(record.mnemonic, []).append(record.duration_s)
-                line = f"ran {record.label} {record.name} ({record.duration_s:.2f}s) — {record.reason}"
+                cpu = f", CPU {record.cpu_s:.2f}s" if record.cpu_s else ""
+                line = f"ran {record.label} {record.name} ({record.duration_s:.2f}s{cpu}) — {record.reason}"
                 if self.log:
                     self.log.write(line + "\n")
                     self.log.flush()
@@ -99,8 +100,8 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
                       + (f"; {waiting} target(s) wait on their outputs" if waiting else ""), highlight=False)
         return
     console.print(f"{state}: executed {summary['executed']}, cache hits {summary['hits']}, "
-                  f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s",
-                  highlight=False)
+                  f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s"
+                  + (f", actions' CPU {summary['cpu_s']:.1f}s" if summary.get("cpu_s") else ""), highlight=False)
     if "remote" in summary:
         r = summary["remote"]
         console.print(f"remote cache: {r['hits']} hits, {r['misses']} misses, {r['ignored']} ignored, "

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from build_graph.cgroups import CpuAccounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
@@ -100,6 +101,7 @@ class BwrapRunner:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.stopping = False
+        self.cpu = CpuAccounting.probe()  # None where this host allows no cgroups: CPU time unmeasured
 
     def command(self, action: Action, out_dir: Path) -> list[str]:
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -137,6 +139,7 @@ class BwrapRunner:
                 raise SandboxError(f"declared output {o!r} is not a relative path inside the output directory",
                                    where=action.name) from None
         work = Path(tempfile.mkdtemp(dir=self.cas.tmp, prefix="act-"))
+        group = None  # the action's cgroup, where CPU time is accounted
         out_dir = work / "out"
         out_dir.mkdir()
         try:
@@ -152,8 +155,13 @@ class BwrapRunner:
             split = options.index("--")
             args_file = work / "bwrap.args"
             args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
+            if self.cpu is not None:
+                group = self.cpu.new_group()
             with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
-                proc = subprocess.Popen([bwrap, "--args", str(af.fileno()), *options[split:]], stdout=so,
+                argv = [bwrap, "--args", str(af.fileno()), *options[split:]]
+                if group is not None:
+                    argv = self.cpu.wrap(group, argv)
+                proc = subprocess.Popen(argv, stdout=so,
                                         stderr=se, stdin=subprocess.DEVNULL, pass_fds=(af.fileno(),),
                                         start_new_session=True, env=self.environment(action))
                 with self._lock:
@@ -171,6 +179,7 @@ class BwrapRunner:
                         self._procs.discard(proc)
             end = time.monotonic()
             duration = end - start
+            cpu_s = self.cpu.cpu_s(group) if group is not None else None
             if stamps is not None:
                 stamps.update(process_start=start, process_end=end)
             stderr = stderr_path.read_bytes()
@@ -197,9 +206,12 @@ class BwrapRunner:
             result = ActionResult(
                 output_tree=self.cas.put_tree(tree), exit_code=0,
                 stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
-                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb)
+                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb,
+                cpu_s=round(cpu_s or 0.0, 3))
             return tree, result
         finally:
+            if group is not None:
+                self.cpu.remove(group)
             rmtree(work)
 
     def stop(self) -> None:
