@@ -70,7 +70,8 @@ class RichReporter:
                 self.executed += 1
                 self.took.setdefault(record.mnemonic, []).append(record.duration_s)
                 cpu = f", CPU {record.cpu_s:.2f}s" if record.cpu_s else ""
-                line = f"ran {record.label} {record.name} ({record.duration_s:.2f}s{cpu}) — {record.reason}"
+                peak = f", peak {record.peak_mb} MiB" if record.peak_mb else ""
+                line = f"ran {record.label} {record.name} ({record.duration_s:.2f}s{cpu}{peak}) — {record.reason}"
                 if self.log:
                     self.log.write(line + "\n")
                     self.log.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,9 @@ def test_action_cpu_time_is_measured_through_the_sandbox(make_ws):
              if g.is_dir() and g.name.partition("-")[0].isdigit()
              and not Path(f"/proc/{g.name.partition('-')[0]}").exists()]
     assert stale == []
+    # People read it in the build log, with the peak memory, and in the summary line.
+    human = ws.cli("build", "--check", "//p:burn")
+    assert human.rc == 0, human.stderr
+    assert re.search(r"actions' CPU \d+\.\ds", human.stderr)
+    log = Path(re.search(r"executed actions and their reasons: (\S+)", human.stderr).group(1))
+    assert re.search(r"ran //p:burn genrule \(\d+\.\d\ds, CPU \d+\.\d\ds, peak \d+ MiB\) — ", log.read_text())
