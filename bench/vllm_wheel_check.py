@@ -8,7 +8,8 @@ BENCHMARKS.md records: the wheel's sha256, its extension libraries and their cub
    machine has no GPU and so no driver: the libraries link libcuda.so.1, so a stand-in that
    defines the driver functions they import (each returning CUDA_ERROR_UNKNOWN) is put on
    LD_LIBRARY_PATH; nothing calls them;
-3. `cuobjdump --list-elf` (bgraph's //toolchains:cuobjdump) of each library: the cubin archs.
+3. `cuobjdump -elf` (bgraph's //toolchains:cuobjdump) of each library: the cubin archs, from the
+   ELF headers (`--list-elf` names a 12.0f family cubin like a plain sm_120 one).
 
 Usage: python3 bench/vllm_wheel_check.py [--wheel-label //wheels:vllm-sm121] [--venv DIR] [--expect sm_121a]
        [--refuse sm_120a]
@@ -51,6 +52,18 @@ def fake_driver(libs: list[Path], work: Path) -> Path:
     return out.parent
 
 
+def cubin_archs(cuobjdump: Path, lib: Path) -> list[str]:
+    """The archs of a library's cubins, from each ELF header's `arch = ` line: `--list-elf` names a
+    12.0f family cubin `sm_120`, like a plain one; the header says `sm_120f`. The dump is large
+    (about 600 MB of text for vLLM's _C), so it is streamed."""
+    archs = set()
+    with subprocess.Popen([cuobjdump, "-elf", lib], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+        for line in proc.stdout:
+            if line.startswith(b"arch = "):
+                archs.add(line.split()[2].decode())
+    return sorted(archs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-label", default="//wheels:vllm-sm121")
@@ -88,10 +101,7 @@ def main() -> None:
     loaded = json.loads(sh([py, "-c", probe, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
                            cwd=work).strip().splitlines()[-1])
     report.update(loaded)
-    cubins = {}
-    for lib in libs:
-        listed = subprocess.run([cuobjdump, "--list-elf", lib], capture_output=True, text=True).stdout
-        cubins[lib.name] = sorted(set(re.findall(r"sm_\d+[af]?", listed)))
+    cubins = {lib.name: cubin_archs(cuobjdump, lib) for lib in libs}
     report["cubin_archs"] = cubins
     ok = (loaded["scaled_fp4_quant"] and loaded["vllm"].startswith("0.33.0")
           and any(args.expect in c for c in cubins.values())
