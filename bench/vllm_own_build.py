@@ -17,7 +17,7 @@ pip builds a local directory in place, so setup.py's CMake build directory (buil
 between the steps: ccache and Ninja both get their chance, which is vLLM's best case.
 
 Usage: python3 bench/vllm_own_build.py --venv /tmp/vv --work /tmp/vllm-own [--steps cold,b,c]
-                                        [--json-out FILE]
+                                        [--build-type RelWithDebInfo|Release] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--work", required=True, type=Path)
     ap.add_argument("--steps", default="cold,b,c")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--build-type", default="RelWithDebInfo",
+                    help="setup.py's CMAKE_BUILD_TYPE: its default RelWithDebInfo, or Release as bgraph builds")
     args = ap.parse_args()
     steps = args.steps.split(",")
     venv, work = args.venv.resolve(), args.work.resolve()
@@ -114,7 +116,7 @@ def main() -> None:
         "PATH": f"{venv / 'bin'}:{toolkit / 'bin'}:/usr/local/bin:/usr/bin:/bin",  # no cargo: no Rust frontend
         "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", "TMPDIR": str(work / "tmp"),
         "CUDA_HOME": str(toolkit), "TORCH_CUDA_ARCH_LIST": "12.1a", "VLLM_TARGET_DEVICE": "cuda",
-        "MAX_JOBS": "2", "CCACHE_DIR": str(ccache_dir), "CCACHE_MAXSIZE": "30G",
+        "MAX_JOBS": "2", "CCACHE_DIR": str(ccache_dir), "CCACHE_MAXSIZE": "30G", "CMAKE_BUILD_TYPE": args.build_type,
         "CMAKE_ARGS": " ".join(f"-D{k}={v}" for k, v in cmake_cache(out).items()),
         "PIP_NO_INDEX": "1"}  # nothing downloads during the build
     (work / "tmp").mkdir(parents=True, exist_ok=True)
