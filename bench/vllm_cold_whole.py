@@ -24,29 +24,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from vllm_own import REPO, bgraph_json
+
 WHEEL = "//wheels:vllm-sm121"
 COMPILE = "//vllm:build-sm121"
 
 
-def bgraph(cache: Path, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, "--cache-dir", cache, *args],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"bgraph {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
-
-
 def run_bgraph(cache: Path) -> dict:
     shutil.rmtree(cache, ignore_errors=True)
-    deps = [t["label"] for t in bgraph(cache, "query", "--output", "json", f"deps({WHEEL})")["targets"]
+    bgraph = partial(bgraph_json, "--cache-dir", str(cache))
+    deps = [t["label"] for t in bgraph("query", "--output", "json", f"deps({WHEEL})")["targets"]
             if t["label"] not in (WHEEL, COMPILE)]
-    bgraph(cache, "build", "-j2", "--json", *deps)  # the inputs, untimed
+    bgraph("build", "-j2", "--json", *deps)  # the inputs, untimed
     profile = Path(tempfile.mkdtemp(prefix="cold-profile-")) / "profile.json"
     start = time.monotonic()
-    summary = bgraph(cache, "build", "-j2", "--json", "--profile", str(profile), WHEEL)
+    summary = bgraph("build", "-j2", "--json", "--profile", str(profile), WHEEL)
     wall = time.monotonic() - start
     executed = [a for a in summary["actions"] if a["status"] == "executed"]
     top = sorted(executed, key=lambda a: -a["duration_s"])[:10]

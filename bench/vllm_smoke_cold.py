@@ -41,7 +41,7 @@ OBJECTS = ["CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/nvfp4_quant_
 
 
 def run_checked(argv: list, **kw) -> tuple[float, float]:
-    """(wall, CPU of the process tree) of one command, which must succeed."""
+    """(wall, CPU the machine spent meanwhile) of one command, which must succeed."""
     wall, cpu, proc = timed(lambda: subprocess.run(argv, capture_output=True, text=True, **kw))
     if proc.returncode != 0:
         sys.exit(f"{argv[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -84,16 +84,15 @@ class CpuAccounting:
                     pass
 
     def remove(self, group: Path) -> None:
-        """Remove the group once its last process is gone (the kernel may take a moment)."""
+        """Remove the group once its last process is gone (the kernel may take a moment). A
+        group that will not go is left to remove_stale: its action has finished either way."""
         for _ in range(50):
             try:
                 group.rmdir()
                 return
             except OSError as e:
-                if e.errno == errno.ENOENT:
-                    return
                 if e.errno != errno.EBUSY:
-                    raise
+                    return
                 time.sleep(0.01)
 
 
