@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,12 @@ def make_ws(tmp_path):
         return WS(root, cache or tmp_path / f"cache-{root.name}")
 
     return make
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    """A scratch directory for one test module, removed when the module is done: the caches the
+    modules build hold GBs (CUDA toolchains, torch's wheels), and a CI machine's disk is finite."""
+    path = tmp_path_factory.mktemp("module")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

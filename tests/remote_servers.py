@@ -179,12 +179,13 @@ instances:
 
 
 def python313() -> str | None:
-    """A Python 3.13 interpreter (BuildGrid 0.9.1 needs it): on PATH, or pyenv's."""
-    found = shutil.which("python3.13")
-    if found:
-        return found
-    for candidate in sorted(Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"), reverse=True):
-        return str(candidate)
+    """A Python 3.13 interpreter (BuildGrid 0.9.1 needs it) that runs: pyenv's own, or on PATH.
+    (pyenv's shim for python3.13 is on PATH but exits 127 where 3.13 is not a selected version.)"""
+    candidates = [str(c) for c in sorted(Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"), reverse=True)]
+    candidates.append(shutil.which("python3.13") or "")
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "--version"], capture_output=True).returncode == 0:
+            return candidate
     return None
 
 

@@ -40,10 +40,10 @@ def new_ws(root: Path, cache: Path) -> WS:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
+def cache(module_tmp):
     """One cache for the module, warmed by a first build."""
-    path = tmp_path_factory.mktemp("cmake-cache")
-    ws = new_ws(tmp_path_factory.mktemp("warm") / "ws", path)
+    path = module_tmp / "cmake-cache"
+    ws = new_ws(module_tmp / "warm" / "ws", path)
     run = ws.build(LABEL)
     assert run.rc == 0, run.output
     return path

@@ -69,8 +69,8 @@ COMPILES = ("cicc", "ptxas", "cudafe", "fatbin", "hostcc")
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def cache(module_tmp) -> Path:
+    return module_tmp / "cache"
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ def bgraph(cache: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def cache(module_tmp) -> Path:
+    return module_tmp / "cache"
 
 
 def test_toolchain_builds_once_and_nvcc_runs_in_the_sandbox(cache):

@@ -25,8 +25,8 @@ def bgraph(cache: Path, *args: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
+def built(module_tmp):
+    cache = module_tmp / "cache"
     summary = bgraph(cache, "//wheels:fp4-kernels-sm121", "//toolchains:cuobjdump")
     assert summary["ok"], summary["errors"]
     return cache, Path(summary["outputs"]["//wheels:fp4-kernels-sm121"]), Path(summary["outputs"]["//toolchains:cuobjdump"])
