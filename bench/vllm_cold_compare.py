@@ -18,6 +18,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from vllm_own import ninja_log_edges
+
 
 def bgraph_actions(profile: Path) -> list[dict]:
     """Executed actions of the trace: label, step, output name, seconds, process seconds, CPU."""
@@ -30,7 +32,8 @@ def bgraph_actions(profile: Path) -> list[dict]:
     rows = []
     for a in actions:
         label, step, rest = (a["name"].split(" ", 2) + ["", ""])[:3]
-        obj = rest.rsplit(" ", 1)[0] if rest.rsplit(" ", 1)[-1].isalnum() and " " in rest else rest
+        head, _, arch = rest.rpartition(" ")  # "OBJECT ARCH" for device steps, "OBJECT" otherwise
+        obj = head if head and arch.isalnum() else rest
         inside = sum(d for t, d in process[a["tid"]] if a["ts"] <= t <= a["ts"] + a["dur"])
         rows.append({"label": label, "step": step, "object": obj, "s": a["dur"] / 1e6, "process_s": inside / 1e6,
                      "cpu_s": (a.get("args") or {}).get("cpu_s") or 0.0})
@@ -38,14 +41,8 @@ def bgraph_actions(profile: Path) -> list[dict]:
 
 
 def ninja_edges(log: Path) -> dict[str, float]:
-    """Seconds of each output's last run in a .ninja_log (start and end in ms, tab-separated)."""
-    edges: dict[str, float] = {}
-    for line in log.read_text().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        start, end, _mtime, output = line.split("\t")[:4]
-        edges[output] = (int(end) - int(start)) / 1000
-    return edges
+    """Seconds of each output's last run in a .ninja_log."""
+    return {output: (end - start) / 1000 for start, end, output in ninja_log_edges(log.read_text())}
 
 
 def main() -> None:

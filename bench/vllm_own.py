@@ -30,6 +30,16 @@ def bgraph_outputs(*labels: str) -> dict[str, Path]:
     return {k: Path(v) for k, v in bgraph_json("build", "--json", *labels)["outputs"].items()}
 
 
+def ninja_log_edges(text: str) -> list[tuple[int, int, str]]:
+    """The edge runs of a `.ninja_log`: start and end (ms since the build began) and the output."""
+    edges = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            start, end, _mtime, output = line.split("\t")[:4]
+            edges.append((int(start), int(end), output))
+    return edges
+
+
 def writable_copy(tree: Path, dest: Path) -> None:
     """A plain copy of an output tree: bgraph's trees are hard links into its store and stay
     read-only, and vLLM's configure writes generated sources into its source tree."""

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_own import INPUTS, bgraph_outputs, cmake_cache, timed, writable_copy
+from vllm_own import INPUTS, bgraph_outputs, cmake_cache, ninja_log_edges, timed, writable_copy
 
 BUILD_REQUIREMENTS = ["cmake==3.31.10", "ninja==1.13.2", "setuptools>=77.0.3,<81", "setuptools-scm>=8",
                       "setuptools-rust>=1.9", "wheel", "jinja2", "packaging>=24.2"]
@@ -68,8 +68,7 @@ def ninja_edges_since(src: Path, offset: int) -> list[str]:
     log = ninja_log(src)
     if log is None:
         return []
-    lines = log.read_bytes()[offset:].decode().splitlines()
-    return [line.split("\t")[3] for line in lines if line and not line.startswith("#")]
+    return [output for _start, _end, output in ninja_log_edges(log.read_bytes()[offset:].decode())]
 
 
 def ccache_stats(env: dict) -> dict:
