@@ -71,8 +71,21 @@ def test_tree_digest_is_stable():
     t = Tree({"a.txt": FileEntry(B3.of(b"a"), 1)})
     root = canonical_json({"dirs": [], "files": [["a.txt", B3.of(b"a"), 1, False]], "symlinks": []})
     assert t.digest(B3) == B3.of(root)
-    assert sample_tree().digest(B3) == sample_tree().digest(B3)
     assert Tree().digest(B3) == B3.of(canonical_json({"dirs": [], "files": [], "symlinks": []}))
+    # The nested tree (subdirectories, a symlink, an empty directory, an executable) against
+    # digests recorded once: any change to how nodes are encoded or nested must show here.
+    assert sample_tree().digest(B3) == "66be224fd1f67a43e4be72cf742a33b24239623df74e2bc09f81f0fff6c82285"
+    assert sample_tree().digest(SHA) == "78fc436d484cbe44fbaf601e69893587c1000b4636bf8daa7d352c00949e71f7"
+    # And by hand: the root node names each subdirectory by its name and its own node's digest.
+    src_a = canonical_json({"dirs": [], "files": [["x.c", B3.of(b"int x;\n"), 7, False],
+                                                  ["y.c", B3.of(b"int y;\n"), 7, False]], "symlinks": []})
+    src_b = canonical_json({"dirs": [], "files": [["z.c", B3.of(b"int z;\n"), 7, False]], "symlinks": []})
+    src = canonical_json({"dirs": [["a", B3.of(src_a)], ["b", B3.of(src_b)]], "files": [], "symlinks": []})
+    bin_ = canonical_json({"dirs": [], "files": [["tool", B3.of(b"#!/bin/sh\n"), 10, True]], "symlinks": []})
+    empty = canonical_json({"dirs": [], "files": [], "symlinks": []})
+    root = canonical_json({"dirs": [["bin", B3.of(bin_)], ["empty", B3.of(empty)], ["src", B3.of(src)]],
+                           "files": [["README", B3.of(b"hello\n"), 6, False]], "symlinks": [["link", "src/a"]]})
+    assert sample_tree().digest(B3) == B3.of(root)
 
 
 def test_tree_equal_regardless_of_insertion_order():
@@ -175,6 +188,11 @@ def test_action_key_ignores_name():
     dict(kind="extract"),
     dict(toolchain="0" * 64),
     dict(spec=(("sha256", "0" * 64),)),
+    dict(cwd="/bgraph/out/sub"),
+    dict(host_paths=("/usr", "/opt")),
+    dict(staged="/bgraph/src"),
+    dict(narrow=("/bgraph/src",)),
+    dict(depfiles=("a.d",)),
 ])
 def test_action_key_changes_with_what_it_runs(change):
     assert base_action(**change).key(B3) != base_action().key(B3)
@@ -188,7 +206,11 @@ def test_action_key_depends_on_digest_function():
 
 
 def test_action_key_ignores_memory_and_cacheability():
-    assert base_action(memory_mb=1).key(B3) == base_action(memory_mb=9999).key(B3)
+    key = base_action().key(B3)
+    assert base_action(memory_mb=1).key(B3) == base_action(memory_mb=9999).key(B3) == key
+    assert base_action().cacheable is True
+    assert base_action(cacheable=False).key(B3) == key
+    assert base_action(cacheable=False, memory_mb=1).key(SHA) == base_action().key(SHA)
 
 
 # -- no host paths in keys: the same workspace in two directories -------------------------------
