@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def cmd_build(args, console: Console) -> int:
         check_sample=args.check_sample, dry_run=args.dry_run, platform=platform, profile=bool(args.profile))
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
+    other_cache = _other_cache(ws, args.check_against) if args.check_against else None
     log_path = None
     if not args.json:
         import time
@@ -79,8 +81,8 @@ def cmd_build(args, console: Console) -> int:
                     warn=lambda message: console.print("[yellow]warning:[/] " + _escape(message), highlight=False))
     result = engine.build(labels)
     compared = None
-    if args.check_against:
-        compared = engine.compare_with(result, Path(os.path.expanduser(args.check_against)))
+    if other_cache is not None:
+        compared = engine.compare_with(result, other_cache)
     summary = result.summary()
     if compared is not None:
         summary["compared_with_other_cache"] = compared
@@ -112,6 +114,18 @@ def cmd_build(args, console: Console) -> int:
     if summary["differing"]:
         return 3
     return 0 if summary["ok"] else 1
+
+
+def _other_cache(ws: Workspace, text: str) -> Path:
+    """--check-against's directory, checked before the build: it must hold a bgraph cache of
+    this workspace's digest function (a mistyped path is an error, and nothing is made there)."""
+    from build_graph.errors import UsageError
+
+    path = Path(os.path.expanduser(text))
+    if not (path / "v1" / ws.digest_function / "ac").is_dir():
+        raise UsageError(f"--check-against {text}: no bgraph cache there (no v1/{ws.digest_function}/ac)",
+                         hint="give the --cache-dir of the build to compare with (for example ~/.cache/bgraph)")
+    return path
 
 
 def _stdout() -> Console:
@@ -221,16 +235,21 @@ def cmd_exec(args, console: Console) -> int:
         rmtree(work)
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """'500M', '20G', '1.5T' or plain bytes -> bytes (powers of 1024)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    """'500M', '20G', '1.5T' or plain bytes -> bytes (powers of 1024: 20G is 20 GiB), through
+    pydantic's ByteSize; 'inf', negative and unitless-garbage sizes are usage errors."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    m = _SIZE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 500M, 20G)")
+    number, unit = m.groups()
     try:
-        return int(float(t[: len(t) - len(unit)]) * _UNITS[unit])
-    except ValueError:
+        return int(TypeAdapter(ByteSize).validate_python(f"{number}{unit.upper()}iB" if unit else number))
+    except ValidationError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 500M, 20G)") from None
 
 
@@ -252,6 +271,9 @@ def cmd_cache(args, console: Console) -> int:
             public = generate_key(Path(args.file))
         except FileExistsError:
             raise BgraphError(f"{args.file} exists; not overwriting a key", hint="choose another file name") from None
+        except OSError as e:
+            raise BgraphError(f"cannot write the key to {args.file}: {e.strerror}",
+                              hint="give a path in an existing, writable directory") from None
         _stdout().print(public, highlight=False)
         console.print(f"private key written to {args.file} (mode 0600; keep it in CI's secrets); "
                       "the public key above goes in [remote] trusted_keys", highlight=False)
@@ -285,6 +307,21 @@ def cmd_cache(args, console: Console) -> int:
         console.print("hint: `bgraph cache verify --repair` removes them; builds re-create what they need",
                       highlight=False)
     return 0 if r.repaired else 1
+
+
+def _disk_full(args, e: OSError) -> BgraphError:
+    """ENOSPC outside the build loop: name the file being written where it is known and lies
+    outside the cache, else the cache directory as the workspace resolves it."""
+    try:
+        cache = cache_dir(_workspace(args), getattr(args, "cache_dir", None))
+    except BgraphError:
+        cache = Path(os.path.expanduser(getattr(args, "cache_dir", None) or os.environ.get("BGRAPH_CACHE")
+                                        or "~/.cache/bgraph"))
+    written = Path(os.path.abspath(e.filename)) if isinstance(e.filename, str) else None
+    if written is not None and not written.is_relative_to(cache.absolute()):
+        return BgraphError(f"no space left on the disk holding {written}",
+                           hint="free disk space there (or write that file elsewhere); the cache was not changed")
+    return disk_full(cache)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -373,8 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        cache = getattr(args, "cache_dir", None) or os.environ.get("BGRAPH_CACHE") or "~/.cache/bgraph"
-        console.print("[red]error:[/] " + _escape(disk_full(os.path.expanduser(cache)).render()), highlight=False)
+        console.print("[red]error:[/] " + _escape(_disk_full(args, e).render()), highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the store is consistent; finished actions are cached")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from build_graph import archive
-from build_graph.errors import ActionFailed, BgraphError, disk_full
+from build_graph.errors import ActionFailed, BgraphError, PlanError, disk_full
 from build_graph.graph import dependency_map, deps_in_order
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
@@ -185,7 +185,7 @@ class Engine:
         """--check-against: mark each action of this build whose result another cache holds under
         the same key with a different output tree (like `nix build --check` against a trusted
         result) as differing; returns how many actions both caches hold."""
-        other = LocalActionCache(Path(other_cache) / "v1" / self.digester.name, self.cas.tmp)
+        other = LocalActionCache(Path(other_cache) / "v1" / self.digester.name, self.cas.tmp, create=False)
         compared = 0
         for r in result.records:
             if r.status == "failed":
@@ -360,8 +360,8 @@ class _BuildRun:
                                    e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, e.trace.load(str(label)))
                 self._dispatch(label, plan.start())
-            except BgraphError as err:
-                self._fail(label, err)
+            except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
+                self._fail(label, self._as_error(label, err))
             if self.profile is not None:
                 self.profile.plan(f"plan {label}", planned)
 
@@ -446,5 +446,20 @@ class _BuildRun:
             return
         try:
             self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "executed", reason)))
-        except BgraphError as err:
-            self._fail(label, err)
+        except Exception as err:
+            self._fail(label, self._as_error(label, err))
+
+    def _as_error(self, label: Label, err: Exception) -> BgraphError:
+        """Any exception from planning as the one-line error the user sees: a full disk names
+        the cache, an unreadable file names the file, anything else names the target and rule."""
+        if isinstance(err, BgraphError):
+            return err
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return disk_full(self.e.cache_dir)
+        kind = self.e.ws.targets[label].kind
+        if isinstance(err, OSError):
+            return PlanError(f"cannot read {err.filename or 'a file'}: {err.strerror or err}", where=str(label),
+                             hint="check that the file is readable (a source, a lock, a patch)")
+        return PlanError(f"the {kind} rule failed: {type(err).__name__}: {err}", where=str(label),
+                         hint="this is a bug in bgraph's rule (not in your targets); please report it "
+                              "with this line")

@@ -237,9 +237,15 @@ def _validation_error(exc: ValidationError, file: str, text: str, table_prefix: 
 
 def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise LoadError(f"cannot read: {e.strerror}", where=rel) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise LoadError(f"not valid UTF-8: byte {e.start} (line {line}) is {data[e.start:e.start + 1]!r}",
+                        where=f"{rel}:{line}", hint="TOML files must be UTF-8; re-save the file as UTF-8") from None
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:

@@ -318,3 +318,22 @@ def test_full_cache_disk_gives_one_line_and_leaves_no_staging(make_ws, tiny_cach
         assert f"no space left in the cache directory {tiny_cache}" in run.output
         assert "MiB free" in run.output and "Traceback" not in run.output
         assert [p.name for p in (tiny_cache / "v1" / "tmp").iterdir()] == []  # staging removed
+
+
+@requires_bwrap
+def test_full_disk_names_the_cache_the_workspace_configures(make_ws, tiny_cache):
+    """No --cache-dir and no $BGRAPH_CACHE: the cache is WORKSPACE.toml's defaults.cache_dir, and a
+    disk filled while storing a source must name that directory, not ~/.cache/bgraph."""
+    import subprocess
+    import sys
+
+    from bgraph_testlib import hermetic_env
+    ws = make_ws({"WORKSPACE.toml": f'[workspace]\nname = "t"\n[defaults]\ncache_dir = "{tiny_cache}"\n',
+                  "big.bin": b"\1" * 6_000_000,
+                  "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["big.bin"]\nouts = ["o"]\n'
+                                    'cmd = "wc -c < $SRC/big.bin > $OUT/o"\n'})
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws.root), "build", "//p:a"],
+                          capture_output=True, text=True, env=hermetic_env(), timeout=120)
+    assert proc.returncode in (1, 2)
+    assert f"no space left in the cache directory {tiny_cache}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

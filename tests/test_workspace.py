@@ -72,6 +72,14 @@ def test_malformed_workspace_toml(make_ws):
     assert msg.startswith("WORKSPACE.toml: malformed TOML") and "line 2" in msg
 
 
+def test_targets_file_that_is_not_utf8_names_file_and_byte(make_ws):
+    ws = make_ws({"targets/p.toml": b'[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "caf\xe9"\n'})
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:4: not valid UTF-8: byte 44 (line 4)"), msg
+    run = ws.cli("build", "//p:a")
+    assert run.rc == 2 and "not valid UTF-8" in run.stderr and "Traceback" not in run.output
+
+
 def test_unknown_key_in_target_names_file_table_key_and_line(make_ws):
     ws = make_ws({"targets/p.toml": "# comment\n" + GENRULE.format(name="a") + "\n"
                   + GENRULE.format(name="b") + "srcz = []\n"})

@@ -12,10 +12,12 @@ from build_graph.store.atomic import write_json
 
 
 class LocalActionCache:
-    def __init__(self, base: Path, tmp: Path):
+    def __init__(self, base: Path, tmp: Path, create: bool = True):
+        """`create=False` opens another cache read-only in spirit: nothing is made there."""
         self.root = base / "ac"
         self.tmp = tmp
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key[2:]}.json"

@@ -20,6 +20,7 @@ and reported as missing, so the action that made it runs again.
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
 import logging
 import os
@@ -303,7 +304,12 @@ class LocalCas:
         known = self._sources.table.get(key)
         if known and known[:5] == stamp:
             return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
-        entry = self.put_file(key)
+        try:
+            entry = self.put_file(key)
+        except OSError as e:  # name the source: a read error from the hasher carries no file name
+            if e.filename is None and e.errno != errno.ENOSPC:
+                e.filename = key
+            raise
         # A file changed within the clock's granularity of this stat could keep its stamp
         # (git's "racily clean" case): remember only stamps older than a couple of seconds.
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000:

@@ -65,6 +65,8 @@ class Trust:
             return None
         if not signature or not public_hex:
             return "unsigned"
+        if not isinstance(signature, str) or not isinstance(public_hex, str):
+            return "malformed signature fields (not strings)"  # a hostile or broken writer
         key = self.keys.get(public_hex.lower())
         if key is None:
             return "signed by an untrusted key"
