@@ -392,8 +392,13 @@ def test_scheduler_starts_nothing_after_a_failure_without_keep_going():
             failing.result(5)
         time.sleep(0.2)  # the queued job would have started by now
         assert ran.is_set() is expect_ran
+        if stop:  # still queued, never started: the failure stopped the scheduler
+            assert not queued.running() and not queued.done()
+            assert sched.peak_running == 1
+        else:  # ran to the end, after the failure
+            assert queued.done() and not queued.cancelled() and queued.result(0) is None
         sched.cancel_pending()
-        assert queued.cancelled() or queued.done()
+        assert queued.cancelled() is stop  # only a job that never started is cancelled
         sched.join()
 
 
@@ -406,11 +411,31 @@ def test_scheduler_reports_exceptions():
     sched.join()
 
 
-PARALLEL = {
+# Each action stamps the (host-wide) clock as it starts and as it ends, 1 s later: run together,
+# the two intervals overlap; one after the other, they cannot.
+STAMPED = {
     "targets/p.toml": "".join(
-        f'[{n}]\nkind = "genrule"\nouts = ["o"]\nmemory_mb = 100\ncmd = "sleep 0.4; echo {n} > o"\n\n'
+        f'[{n}]\nkind = "genrule"\nouts = ["start", "end"]\nmemory_mb = 100\n'
+        f'cmd = "date +%s%N > start; sleep 1; date +%s%N > end; echo {n} >> end"\n\n'
         for n in ("x", "y")),
 }
+
+
+def stamped_intervals(ws, result) -> dict[str, tuple[int, int]]:
+    """label -> (start, end) in ns, as the actions of STAMPED wrote them."""
+    from build_graph.labels import parse_label
+    from build_graph.store.cas import LocalCas
+    cas = LocalCas(ws.cache, B3)
+    out = {}
+    for label in ("//p:x", "//p:y"):
+        tree = result.outputs[parse_label(label)].tree
+        out[label] = tuple(int(cas.read_bytes(tree.entries[f]).split()[0]) for f in ("start", "end"))
+    return out
+
+
+def overlap_s(intervals: dict[str, tuple[int, int]]) -> float:
+    (s1, e1), (s2, e2) = intervals.values()
+    return (min(e1, e2) - max(s1, s2)) / 1e9
 
 
 @pytest.fixture
@@ -429,28 +454,34 @@ def scheduler_spy(monkeypatch):
 
 @requires_bwrap
 def test_memory_budget_serializes_actions(make_ws, scheduler_spy):
-    ws = make_ws(PARALLEL)
+    ws = make_ws(STAMPED)
     result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=100)
     assert not result.failures
     assert result.count("executed") == 2
     [sched] = scheduler_spy
     assert sched.peak_running == 1
     assert sched.peak_mem_mb == 100
+    assert overlap_s(stamped_intervals(ws, result)) < 0  # one after the other
 
 
 @requires_bwrap
 def test_actions_run_in_parallel_within_budget(make_ws, scheduler_spy):
-    ws = make_ws(PARALLEL)
-    start = time.monotonic()
+    """The two sandboxed processes really run at the same time (their clock stamps overlap),
+    not just two scheduler slots taken: a serial run anywhere below the scheduler fails this."""
+    ws = make_ws(STAMPED)
     result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=200)
-    assert not result.failures
+    assert not result.failures, result.failures
+    assert result.count("executed") == 2
     [sched] = scheduler_spy
     assert sched.peak_running == 2
-    assert time.monotonic() - start < 0.8 + 1.5  # overlapping sleeps (generous for slow hosts)
-    # -j 1 serializes whatever the memory.
-    ws2 = make_ws(PARALLEL)
+    intervals = stamped_intervals(ws, result)
+    assert all(end - start >= 0.9e9 for start, end in intervals.values()), intervals
+    assert overlap_s(intervals) > 0.2, intervals  # each slept 1 s; any overlap at all means together
+    # -j 1 serializes whatever the memory: the intervals are then disjoint.
+    ws2 = make_ws(STAMPED)
     result = ws2.engine_build("//p:x", "//p:y", jobs=1, max_mem_mb=100000)
     assert not result.failures and scheduler_spy[-1].peak_running == 1
+    assert overlap_s(stamped_intervals(ws2, result)) < 0
 
 
 @requires_bwrap
