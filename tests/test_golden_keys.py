@@ -4,6 +4,9 @@ probe) and the keys of a genrule, a cuda_library per-arch step (from a recorded 
 and a wheel are compared with tests/data/golden_keys.json.
 
 Regenerate after an intended change: BGRAPH_UPDATE_GOLDEN=1 python3 -m pytest tests/test_golden_keys.py
+That run rewrites the file and still fails, naming the keys it changed (review `git diff
+tests/data/golden_keys.json`); the next run, without the variable, passes. So a run with the
+variable set never passes while the keys differ from the committed file.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
+import pytest
 
 from build_graph.labels import Label
 from build_graph.model import Digester, FileEntry, Outcome, TargetOutput, Tree
@@ -61,12 +66,35 @@ def planned_keys() -> dict[str, str]:
     return keys
 
 
+UPDATE_ENV = "BGRAPH_UPDATE_GOLDEN"
+
+
+def key_changes(expected: dict[str, str], keys: dict[str, str]) -> dict[str, list[str | None]]:
+    """name -> [golden, planned] for every key that differs, is new, or is gone."""
+    return {k: [expected.get(k), keys.get(k)] for k in sorted(set(expected) | set(keys))
+            if expected.get(k) != keys.get(k)}
+
+
 def test_action_keys_match_the_golden_file():
     keys = planned_keys()
-    if os.environ.get("BGRAPH_UPDATE_GOLDEN"):
+    expected = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    changed = key_changes(expected, keys)
+    if changed and os.environ.get(UPDATE_ENV):
         GOLDEN.write_text(json.dumps(keys, indent=1, sort_keys=True) + "\n")
-    expected = json.loads(GOLDEN.read_text())
-    changed = {k: (expected.get(k), v) for k, v in keys.items() if expected.get(k) != v}
-    assert not changed, ("action keys changed (if intended, regenerate with BGRAPH_UPDATE_GOLDEN=1): "
-                         + json.dumps(changed, indent=1))
-    assert set(expected) == set(keys)
+        pytest.fail(f"{UPDATE_ENV} is set: rewrote {GOLDEN.relative_to(DATA.parent.parent)} with "
+                    f"{len(changed)} changed key(s); review the diff, then run again without {UPDATE_ENV}: "
+                    + json.dumps(changed, indent=1), pytrace=False)
+    assert not changed, (f"action keys changed (if intended, regenerate with {UPDATE_ENV}=1, "
+                         "review the diff, run again): " + json.dumps(changed, indent=1))
+    assert keys == expected
+
+
+def test_golden_file_covers_every_planned_step():
+    """The golden file holds what the docstring promises (a regeneration from a planner that
+    planned less would otherwise shrink it unnoticed): a genrule, the cuda_library dryrun, its
+    host preprocessing and the device preprocessing of each of both archs, and a wheel."""
+    golden = json.loads(GOLDEN.read_text())
+    assert set(golden) == {"genrule", "cuda_library dryrun", "cuda_library hostpp k/k.cu",
+                           "cuda_library devpp k/k.cu 1200", "cuda_library devpp k/k.cu 1210", "py_wheel"}
+    assert len(set(golden.values())) == len(golden)
+    assert all(len(v) == 64 and int(v, 16) >= 0 for v in golden.values())
