@@ -185,3 +185,16 @@ def test_includes_are_workspace_relative_and_a_missing_one_is_named(tmp_path):
     assert proc.returncode != 0
     assert "includes entry 'kernels/x/inc'" in proc.stderr and "k.toml" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_two_sources_never_share_an_object(tmp_path, cache):
+    """k/a.cu and k_a.cu flatten to the same object name: the archive must not silently keep one."""
+    root = write_workspace(tmp_path / "ws", archs='["12.1a"]')
+    (root / "k_a.cu").write_text("__global__ void other(int* y) { y[0] = 5; }\n")
+    (root / "targets" / "k.toml").write_text(
+        '[lib]\nkind = "cuda_library"\nsrcs = ["k/a.cu", "k_a.cu"]\nhdrs = ["k/*.cuh"]\narchs = ["12.1a"]\n')
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(cache),
+                           "build", "//k:lib"], capture_output=True, text=True)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "'k/a.cu'" in proc.stderr and "'k_a.cu'" in proc.stderr and "k_a.cu.o" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -40,7 +40,21 @@ def cuda_library_sources(attrs: CudaLibraryAttrs):
 
 
 def object_name(src: str) -> str:
+    """The object file of a source: its workspace path flattened to one name (k/a.cu -> k_a.cu.o)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", src) + ".o"
+
+
+def object_names(ctx: RuleContext, srcs: list[str]) -> list[str]:
+    """Each source's object name; two sources that flatten to one name are an error naming both
+    (the archive would silently keep only one of them)."""
+    seen: dict[str, str] = {}
+    for src in srcs:
+        name = object_name(src)
+        if name in seen:
+            raise ctx.fail(f"sources {seen[name]!r} and {src!r} would both compile to object {name!r}",
+                           "srcs", hint="rename one of them: objects are named after their flattened path")
+        seen[name] = src
+    return list(seen)
 
 
 def _include_dir(ctx: RuleContext, path: str, visible: Tree) -> str:
@@ -72,9 +86,10 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
 
     # Each TU is its own sub-plan (dryrun, then its steps), so TUs never wait at each other's barriers.
     view = SourceView({SRC: visible, **ext}, narrow=(SRC, *ext), memory_mb=a.memory_mb)
-    objects_list = yield Parallel(compile_tu(ctx, src, [*flags, "-c", f"{SRC}/{src}"], object_name(src), view, toolchain)
-                                  for src in srcs)
-    objects = {object_name(src): obj for src, obj in zip(srcs, objects_list, strict=True)}
+    names = object_names(ctx, srcs)
+    objects_list = yield Parallel(compile_tu(ctx, src, [*flags, "-c", f"{SRC}/{src}"], name, view, toolchain)
+                                  for src, name in zip(srcs, names, strict=True))
+    objects = dict(zip(names, objects_list, strict=True))
 
     # Archive the objects (deterministic: ar D).
     lib = f"lib{ctx.label.name}.a"
