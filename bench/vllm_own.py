@@ -14,12 +14,28 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from bgraph_testlib import workspace_copy  # noqa: E402
+
 INPUTS = ("//sources:vllm-patched", "//vllm:cuda-toolkit", "//vllm:cutlass", "//vllm:cuda-driver-stub")
 
 
+_WORKSPACE: list[Path] = []
+
+
+def bench_workspace() -> Path:
+    """A copy of this workspace in a temporary directory, made once per bench run: building it
+    writes bgraph-out/ links there, never into the checkout (the cache is the user's, shared)."""
+    if not _WORKSPACE:
+        import tempfile
+        _WORKSPACE.append(workspace_copy(Path(tempfile.mkdtemp(prefix="bgraph-bench-ws-")) / "ws"))
+    return _WORKSPACE[0]
+
+
 def bgraph_json(*args: str, ok: tuple[int, ...] = (0,)) -> dict:
-    """Run `bgraph ARGS` in this workspace and return its JSON output (exit if it fails)."""
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", REPO, *args], capture_output=True, text=True)
+    """Run `bgraph ARGS` on a copy of this workspace and return its JSON output (exit if it fails)."""
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", bench_workspace(), *args],
+                          capture_output=True, text=True)
     if proc.returncode not in ok:
         sys.exit(f"bgraph {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout)

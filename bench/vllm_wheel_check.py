@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from vllm_own import bench_workspace  # noqa: E402  (a copy of the workspace: no bgraph-out/ in the checkout)
 
 
 def sh(argv, **kw) -> str:
@@ -72,7 +74,7 @@ def main() -> None:
     ap.add_argument("--refuse", default="sm_120a")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
-    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", REPO, "build", "--json", args.wheel_label,
+    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json", args.wheel_label,
                          "//toolchains:cuobjdump"]))
     wheel_dir = Path(out["outputs"][args.wheel_label])
     [wheel] = list(wheel_dir.glob("*.whl"))

@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+USER_HOME: Path | None = None  # the user's real home; conftest gives the session a private one
+CHECKOUT_AT_START: dict[str, str] | None = None  # checkout_state() when the session started
+# What a test run may leave in the checkout: Python's and pytest's own caches, pip's egg-info.
+_SCRATCH = ("__pycache__", ".pytest_cache")
 
 WORKSPACE_TOML = """\
 [workspace]
@@ -46,6 +50,34 @@ def write_files(root: Path, files: dict[str, str | bytes]) -> None:
             path.write_bytes(content)
         else:
             path.write_text(content)
+
+
+def checkout_state(root: Path = REPO) -> dict[str, str]:
+    """Every path in the checkout (but .git and Python's caches) -> what it is: a link's target,
+    a file's size and mtime. Two states differ exactly where something was added, removed,
+    re-pointed or written."""
+    state: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git" and d not in _SCRATCH and not d.endswith(".egg-info")]
+        here = Path(dirpath)
+        for name in filenames + [d for d in dirnames if (here / d).is_symlink()]:
+            path = here / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                state[rel] = "link -> " + os.readlink(path)
+            else:
+                st = path.lstat()
+                state[rel] = f"file {st.st_size} bytes, mtime {st.st_mtime_ns}"
+    return state
+
+
+def workspace_copy(dest: Path, root: Path = REPO) -> Path:
+    """A copy of this repository's workspace (WORKSPACE.toml, targets, sources, patches) at `dest`,
+    so a test builds it without writing bgraph-out/ links (or anything else) into the checkout."""
+    skip = {".git", "bgraph-out", ".ci", "bench", "docs", *_SCRATCH}
+    shutil.copytree(root, dest, symlinks=True, dirs_exist_ok=True,
+                    ignore=lambda d, names: [n for n in names if n in skip or n.endswith(".egg-info")])
+    return dest
 
 
 def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from bgraph_testlib import workspace_copy
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")]
 
 
 def test_cutlass_nvfp4_gemm_builds_for_both_spark_archs(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(tmp_path),
+    ws = workspace_copy(tmp_path / "ws")  # building writes bgraph-out/ links: never into the checkout
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(tmp_path / "cache"),
                            "build", "--json", "//kernels:cutlass-nvfp4-gemm", "//toolchains:cuobjdump"],
                           capture_output=True, text=True)
     summary = json.loads(proc.stdout)

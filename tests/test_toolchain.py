@@ -10,18 +10,26 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from bgraph_testlib import workspace_copy
+
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 
-def bgraph(cache: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(cache), *args],
-                          capture_output=True, text=True)
+@pytest.fixture(scope="module")
+def workspace(module_tmp) -> Path:
+    """This repository's workspace, copied: building it writes bgraph-out/ links there."""
+    return workspace_copy(module_tmp / "ws")
 
 
 @pytest.fixture(scope="module")
-def cache(module_tmp) -> Path:
+def cache(module_tmp, workspace) -> Path:
     return module_tmp / "cache"
+
+
+def bgraph(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    """bgraph on the module's workspace copy (beside its cache in module_tmp)."""
+    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(cache.parent / "ws"), "--cache-dir",
+                           str(cache), *args], capture_output=True, text=True)
 
 
 def test_toolchain_builds_once_and_nvcc_runs_in_the_sandbox(cache):
