@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from email.parser import HeaderParser
+from email.policy import compat32
 
 from pydantic import Field, field_validator
 
@@ -16,7 +18,7 @@ from build_graph.model import TargetOutput, Tree
 from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
 
 WHEEL_SCRIPT = r'''
-import base64, hashlib, os, sys, zipfile
+import base64, csv, hashlib, io, os, sys, zipfile
 src, out, dist, version, tag, requires = sys.argv[1:7]
 info = f"{dist}-{version}.dist-info"
 files = {}
@@ -46,12 +48,13 @@ with zipfile.ZipFile(out, "w") as zf:
     for name in sorted(generated):
         add(zf, name, generated[name], 0o644)
         record.append((name, generated[name]))
-    lines = []
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")  # PEP 376: a name with a comma or quote is quoted
     for name, data in record:
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        lines.append(f"{name},sha256={digest},{len(data)}")
-    lines.append(f"{info}/RECORD,,")
-    add(zf, f"{info}/RECORD", ("\n".join(lines) + "\n").encode(), 0o644)
+        writer.writerow([name, f"sha256={digest}", len(data)])
+    writer.writerow([f"{info}/RECORD", "", ""])
+    add(zf, f"{info}/RECORD", rows.getvalue().encode(), 0o644)
 '''
 
 
@@ -94,16 +97,20 @@ def wheel_tag(pure: bool, platform: str) -> str:
     return "py3-none-any" if pure else f"py3-none-linux_{platform}"
 
 
+_FOLD = re.compile(r"\r?\n")  # a folded header line: unfold by dropping the line break (RFC 5322)
+
+
 def _metadata(ctx: RuleContext, tree: Tree, path: str, version: str) -> list[str]:
     """Requires-Dist / Requires-Python lines of a PKG-INFO, after checking its Version."""
     entry = tree.entries.get(path)
     if entry is None:
         raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "metadata_from")
-    lines = ctx.read(entry).decode(errors="replace").split("\n\n", 1)[0].splitlines()
-    found = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Version:")), None)
+    # PKG-INFO is RFC 822 headers (core metadata): the standard library's parser unfolds them.
+    headers = HeaderParser(policy=compat32).parsestr(ctx.read(entry).decode(errors="replace"), headersonly=True)
+    found = headers.get("Version")
     if found != version:
         raise ctx.fail(f"{path} says version {found}, the target says {version}", "version")
-    return [line for line in lines if line.startswith(("Requires-Dist:", "Requires-Python:"))]
+    return [f"{k}: {_FOLD.sub('', v)}" for k, v in headers.items() if k in ("Requires-Dist", "Requires-Python")]
 
 
 def plan_py_wheel(ctx: RuleContext) -> PlanGen:
