@@ -1,23 +1,29 @@
 """Fixed-output downloads: pinned PyPI files through pip's configured index, and plain URLs.
 
 The index is read from pip's configuration (index-url, extra-index-url, environment and
-config files), never hard-coded; the simple API is parsed by pypi-simple. A download is
+config files, through pip's public `pip config list`), never hard-coded; the simple API is parsed by pypi-simple. A download is
 accepted only if its sha256 matches the pin; otherwise nothing is stored.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import os
 import re
 import shlex
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import requests
-from pypi_simple import ACCEPT_ANY, ProjectPage
+from pypi_simple import ACCEPT_ANY, PYPI_SIMPLE_ENDPOINT, ProjectPage
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from build_graph.errors import FetchError
 from build_graph.model import Action, ActionResult, Tree
@@ -25,31 +31,58 @@ from build_graph.store.cas import LocalCas
 
 
 def pip_indexes() -> list[str]:
-    """Index URLs in pip's order: index-url (or pip's default), then extra-index-url."""
-    from pip._internal.configuration import Configuration
-    from pip._internal.models.index import PyPI
-
-    config = Configuration(isolated=False)
-    config.load()
-    values: dict[str, str] = {}
-    for key, value in config.items():
-        values[key.split(".", 1)[-1]] = value
-    primary = os.environ.get("PIP_INDEX_URL") or values.get("index-url") or PyPI.simple_url
+    """Index URLs in pip's order: index-url (or pip's default), then extra-index-url, as pip's
+    own configuration resolves them (environment, then its config files)."""
+    values = _pip_config(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_"))))
+    primary = os.environ.get("PIP_INDEX_URL") or values.get("index-url") or PYPI_SIMPLE_ENDPOINT.rstrip("/")
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or values.get("extra-index-url") or ""
     return [primary, *shlex.split(extra)]
 
 
-def _get(url: str, session: requests.Session, **kw) -> requests.Response:
-    for attempt in range(3):
+# Later sections win: pip reads [global], then the command's own section, then PIP_* variables.
+_PIP_SECTIONS = ("global", "download", ":env:")
+
+
+@functools.lru_cache(maxsize=8)
+def _pip_config(pip_environment: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """pip's effective settings from its public `pip config list` (one `section.key='value'` line
+    each, values in Python's repr), once per set of PIP_* variables; {} where pip is missing."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, dict[str, str]] = {}
+    for line in out.stdout.splitlines():
+        name, sep, raw = line.partition("=")
+        section, _, key = name.rpartition(".")
+        if not sep or section not in _PIP_SECTIONS:
+            continue
         try:
-            r = session.get(url, timeout=60, **kw)
-            if r.status_code < 500:
-                return r
-        except requests.RequestException as e:
-            if attempt == 2:
-                raise FetchError(f"cannot reach {url}: {e}") from None
-        time.sleep(1 + attempt)
-    return r
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            continue
+        found.setdefault(key, {})[section] = str(value)
+    return {key: by_section[max(by_section, key=_PIP_SECTIONS.index)] for key, by_section in found.items()}
+
+
+def http_session() -> requests.Session:
+    """A requests session that retries connection failures and 5xx answers with backoff
+    (urllib3's Retry), as pip does, before a download is reported as failed."""
+    retry = Retry(total=4, connect=4, read=2, backoff_factor=0.5, status_forcelist=(500, 502, 503, 504),
+                  allowed_methods=frozenset({"GET", "HEAD"}), raise_on_status=False)
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _get(url: str, session: requests.Session, **kw) -> requests.Response:
+    try:
+        return session.get(url, timeout=60, **kw)
+    except requests.RequestException as e:
+        raise FetchError(f"cannot reach {url}: {e}") from None
 
 
 def _local_path(url: str) -> Path:
@@ -94,7 +127,7 @@ class Fetcher:
 
     def __init__(self, cas: LocalCas):
         self.cas = cas
-        self.session = requests.Session()
+        self.session = http_session()
 
     def run(self, action: Action) -> tuple[Tree, ActionResult]:
         spec = dict(action.spec)

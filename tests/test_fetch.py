@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bgraph_testlib import action, requires_bwrap
-from build_graph.fetcher import pip_indexes
+from pypi_simple import PYPI_SIMPLE_ENDPOINT
 
-PYPI = "https://pypi.org/simple"
+from bgraph_testlib import action, requires_bwrap
+from build_graph.fetcher import http_session, pip_indexes
+
+PYPI = PYPI_SIMPLE_ENDPOINT.rstrip("/")  # pip's default index, named by a maintained library
 
 
 @pytest.fixture
@@ -58,6 +60,45 @@ def test_index_from_pip_config_file(no_pip_config, monkeypatch, tmp_path):
     # The environment wins over the file, as in pip.
     monkeypatch.setenv("PIP_INDEX_URL", "https://env.example/simple")
     assert pip_indexes()[0] == "https://env.example/simple"
+
+
+def test_pip_is_not_imported_for_its_configuration(no_pip_config):
+    """pip's private modules are not an API: its configuration is read through `pip config list`."""
+    import subprocess
+    import sys
+    code = "import sys; from build_graph.fetcher import pip_indexes; pip_indexes(); print('pip' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_download_retries_a_failing_server(tmp_path):
+    """Two 503 answers, then the file: the download succeeds (urllib3's Retry with backoff)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answers = [503, 503, 200]
+    seen = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_GET(self):
+            status = answers.pop(0) if answers else 200
+            seen.append(status)
+            body = b"payload" if status == 200 else b"busy"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = http_session().get(f"http://127.0.0.1:{server.server_port}/f", timeout=10)
+        assert r.status_code == 200 and r.content == b"payload" and seen == [503, 503, 200]
+    finally:
+        server.shutdown()
 
 
 # -- a pypi_archive through a local file:// simple index -----------------------------------------------
