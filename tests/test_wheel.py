@@ -1,8 +1,13 @@
 """The main job: //wheels:fp4-kernels-sm121 builds, installs with pip into a fresh venv, and its
-library holds sm_120a and sm_121a cubins; `--check` finds every action reproducible."""
+library holds sm_120a and sm_121a cubins; two independent builds (two workspace directories, two
+caches) give the same wheel byte for byte; `--check` finds every action reproducible.
+
+Each build runs in its own copy of the workspace under the test's tmp dir: nothing is written
+into the checkout."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -13,27 +18,50 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from bgraph_testlib import REPO, hermetic_env
+
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
+WHEEL = "//wheels:fp4-kernels-sm121"
+WORKSPACE_PARTS = ("WORKSPACE.toml", "targets", "kernels", "python", "patches")
 
-def bgraph(cache: Path, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(cache),
-                           "build", "--json", *args], capture_output=True, text=True)
+
+def workspace_copy(root: Path) -> Path:
+    """The repository's workspace (its WORKSPACE.toml, targets and the sources they name) at `root`."""
+    root.mkdir(parents=True)
+    for part in WORKSPACE_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, root / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, root / part)
+    return root
+
+
+def bgraph(ws: Path, cache: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
+                           "build", "--json", *args], capture_output=True, text=True, env=hermetic_env(), cwd=ws)
     assert proc.returncode in (0, 3), proc.stderr
     return json.loads(proc.stdout)
 
 
+def build_wheel(ws: Path, cache: Path, *more: str) -> tuple[dict, Path]:
+    summary = bgraph(ws, cache, WHEEL, *more)
+    assert summary["ok"], summary["errors"]
+    [wheel] = Path(summary["outputs"][WHEEL]).glob("*.whl")
+    return summary, wheel
+
+
 @pytest.fixture(scope="module")
 def built(module_tmp):
-    cache = module_tmp / "cache"
-    summary = bgraph(cache, "//wheels:fp4-kernels-sm121", "//toolchains:cuobjdump")
+    ws, cache = workspace_copy(module_tmp / "ws-a"), module_tmp / "cache-a"
+    summary = bgraph(ws, cache, WHEEL, "//toolchains:cuobjdump")
     assert summary["ok"], summary["errors"]
-    return cache, Path(summary["outputs"]["//wheels:fp4-kernels-sm121"]), Path(summary["outputs"]["//toolchains:cuobjdump"])
+    return ws, cache, Path(summary["outputs"][WHEEL]), Path(summary["outputs"]["//toolchains:cuobjdump"])
 
 
 def test_wheel_installs_and_carries_both_spark_cubins(built, tmp_path):
-    _cache, wheel_dir, cuobjdump = built
+    _ws, _cache, wheel_dir, cuobjdump = built
     [wheel] = wheel_dir.glob("*.whl")
     assert wheel.name == "bgraph_fp4-0.1.0-py3-none-linux_x86_64.whl"
     env_dir = tmp_path / "venv"
@@ -50,8 +78,8 @@ def test_wheel_installs_and_carries_both_spark_cubins(built, tmp_path):
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
-def test_wheel_is_deterministic_pep427(built):
-    _cache, wheel_dir, _ = built
+def test_wheel_is_pep427_with_fixed_timestamps(built):
+    _ws, _cache, wheel_dir, _ = built
     [wheel] = wheel_dir.glob("*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
@@ -62,8 +90,29 @@ def test_wheel_is_deterministic_pep427(built):
     assert names[:-1] == sorted(n for n in names[:-3]) + names[-3:-1]
 
 
+def test_two_independent_builds_give_the_same_wheel_bytes(built, module_tmp):
+    """A second build from nothing: another workspace directory (another path, deeper), another
+    cache, so every action runs again. The wheels and every action key must be the same."""
+    ws_a, cache_a, wheel_dir, _ = built
+    [wheel_a] = wheel_dir.glob("*.whl")
+    ws_b, cache_b = workspace_copy(module_tmp / "elsewhere" / "ws-b"), module_tmp / "cache-b"
+    summary_b, wheel_b = build_wheel(ws_b, cache_b)
+    executed = {a["name"] for a in summary_b["actions"] if a["status"] == "executed"}
+    assert any(n.startswith("cicc ") for n in executed) and any("wheel" in n for n in executed), executed
+    assert wheel_b.name == wheel_a.name
+    assert ws_a.resolve() not in wheel_b.resolve().parents and cache_a.resolve() not in wheel_b.resolve().parents
+    digest_a, digest_b = (hashlib.sha256(w.read_bytes()).hexdigest() for w in (wheel_a, wheel_b))
+    if digest_a != digest_b:  # name what differs
+        with zipfile.ZipFile(wheel_a) as za, zipfile.ZipFile(wheel_b) as zb:
+            differ = [n for n in za.namelist() if n not in zb.namelist() or za.read(n) != zb.read(n)]
+        pytest.fail(f"wheels differ: {wheel_a} {digest_a} vs {wheel_b} {digest_b}; members: {differ}")
+    summary_a = bgraph(ws_a, cache_a, WHEEL)  # all hits: the keys the first build filed its results under
+    keys = lambda s: {(a["label"], a["name"]): a["key"] for a in s["actions"]}  # noqa: E731
+    assert keys(summary_a) == keys(summary_b)
+
+
 def test_check_reexecutes_fp4_with_zero_differences(built):
-    cache, _, _ = built
-    summary = bgraph(cache, "--check", "//kernels:fp4")
+    ws, cache, _, _ = built
+    summary = bgraph(ws, cache, "--check", "//kernels:fp4")
     assert summary["executed"] > 0
     assert summary["differing"] == []
