@@ -1,0 +1,91 @@
+"""Every bad input the project knows of, fed to the real CLI: each is one error line (plus a
+hint), a non-zero exit, and never a traceback. The transcript of all of them is written to
+`bad-inputs.log` in the test's directory, for a person (or `grep -n Traceback`) to read."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import requires_bwrap
+
+GENRULE = '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo a > $OUT/o"\n'
+PATCH = "--- a/hello.txt\n+++ b/hello.txt\n@@ -1,1 +1,1 @@\n-nothing like it\n+x\n"
+PATCHED = ('[orig]\nkind = "genrule"\nouts = ["hello.txt"]\ncmd = "echo hi > hello.txt"\n\n'
+           '[patched]\nkind = "patched_tree"\nsrc = ":orig"\npatches = ["patches/p/*.patch"]\n')
+PIN = ('[workspace]\nname = "t"\n\n[pins.x]\nkind = "url"\nurl = "file://{path}"\nsha256 = "' + "f" * 64 + '"\n')
+
+
+def _tar_escaping(path: Path) -> str:
+    import io
+    import tarfile
+    with tarfile.open(path, "w:gz") as tf:
+        info = tarfile.TarInfo("../../escaped.txt")
+        info.size = 2
+        tf.addfile(info, io.BytesIO(b"x\n"))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+CASES = {
+    "not UTF-8": ({"targets/p.toml": b'[a]\nkind = "genrule"\ncmd = "caf\xe9"\n'}, ["build", "//p:a"]),
+    "malformed TOML": ({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"\n'}, ["build", "//p:a"]),
+    "unknown key": ({"targets/p.toml": GENRULE + "bogus = 1\n"}, ["build", "//p:a"]),
+    "unknown kind": ({"targets/p.toml": '[a]\nkind = "genrul"\n'}, ["build", "//p:a"]),
+    "bad label": ({"targets/p.toml": GENRULE}, ["build", "//p:a:b"]),
+    "unknown label": ({"targets/p.toml": GENRULE}, ["build", "//p:b"]),
+    "cycle": ({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\ndeps = { b = ":b" }\n'
+                                 '[b]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\ndeps = { a = ":a" }\n'},
+              ["build", "//p:a"]),
+    "missing source": ({"targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["nope.txt"]\nouts = ["o"]\ncmd = "true"\n'},
+                       ["build", "//p:a"]),
+    "unreadable source": ({"targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["o"]\ncmd = "true"\n',
+                           "in.txt": Path("/proc/self/mem")}, ["build", "//p:a"]),
+    "patch that does not apply": ({"targets/p.toml": PATCHED, "patches/p/0001.patch": PATCH},
+                                  ["build", "//p:patched"]),
+    "gc size inf": ({}, ["cache", "gc", "--max-size=inf"]),
+    "gc size negative": ({}, ["cache", "gc", "--max-size=-5G"]),
+    "keygen into a missing directory": ({}, ["cache", "keygen", "no/such/dir/ci.key"]),
+    "check-against a mistyped cache": ({"targets/p.toml": GENRULE}, ["build", "--check-against", "/no/cahce", "//p:a"]),
+    "bad query": ({"targets/p.toml": GENRULE}, ["query", "deps(//p:a"]),
+    "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},
+                           ["build", "--profile", "f.txt/p.json", "//p:a"]),
+}
+
+
+@requires_bwrap
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_never_a_traceback(make_ws, case, tmp_path):
+    files, argv = CASES[case]
+    ws = make_ws({k: v for k, v in files.items() if not isinstance(v, Path)})
+    for rel, target in ((k, v) for k, v in files.items() if isinstance(v, Path)):
+        (ws.root / rel).symlink_to(target)
+    run = ws.cli(*argv)
+    with open(tmp_path.parent / "bad-inputs.log", "a") as log:
+        log.write(f"== {case}: bgraph {' '.join(argv)} (exit {run.rc})\n{run.output}\n")
+    assert run.rc != 0, run.output
+    assert "Traceback" not in run.output and "File \"" not in run.output, run.output
+    # One error line (bgraph's "error: …", or argparse's "bgraph …: error: …" for a bad option).
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.output
+
+
+@requires_bwrap
+def test_a_download_whose_bytes_differ_from_the_pin(make_ws, tmp_path):
+    wrong = tmp_path / "x.tar.gz"
+    _tar_escaping(wrong)
+    ws = make_ws({"WORKSPACE.toml": PIN.format(path=wrong),
+                  "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n'})
+    run = ws.cli("build", "//p:x")
+    assert run.rc == 1 and "sha256 mismatch" in run.stderr and "Traceback" not in run.output
+
+
+@requires_bwrap
+def test_an_archive_entry_escaping_the_root(make_ws, tmp_path):
+    bad = tmp_path / "x.tar.gz"
+    sha = _tar_escaping(bad)
+    ws = make_ws({"WORKSPACE.toml": PIN.format(path=bad).replace("f" * 64, sha),
+                  "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n\n[u]\nkind = "extract"\nsrc = ":x"\n'})
+    run = ws.cli("build", "//p:u")
+    assert run.rc == 1 and "escapes the archive root" in run.stderr and "Traceback" not in run.output
