@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,32 +19,111 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 SMOKE = "//vllm:smoke-fp4-sm121"
 # The smoke build's cache holds torch's 29 wheels and their extracted tree: 12.4 GB measured.
 SMOKE_DISK_GB = 14
+WHEELS = ("vllm-sm121", "vllm-sm120", "vllm-sm12x")
+PLATFORMS = ("x86_64", "aarch64")
+WORKSPACE_PARTS = ("WORKSPACE.toml", "targets", "kernels", "python", "patches")
 
 
-def bgraph(cache, *args, timeout=2400):
-    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(cache), *args],
-                          capture_output=True, text=True, timeout=timeout, env=hermetic_env())
+def workspace_copy(root: Path) -> Path:
+    """The repository's workspace (WORKSPACE.toml, targets, the sources and patches they name)
+    copied to `root`: builds write bgraph-out/ links into their workspace, never into the checkout."""
+    root.mkdir(parents=True)
+    for part in WORKSPACE_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, root / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, root / part)
+    return root
 
 
-def test_all_three_wheels_resolve_for_both_platforms():
-    for name in ("vllm-sm121", "vllm-sm120", "vllm-sm12x"):
-        run = bgraph(REPO / "unused-cache", "query", f"deps(//wheels:{name})")
-        assert run.returncode == 0, run.stderr
-        assert "//vllm:torch-env" in run.stdout and "//sources:vllm-patched" in run.stdout
-    ws = (REPO / "WORKSPACE.toml").read_text()
-    assert ws.count("[pins.py-") == 29 and "torch-2.14.0-cp311-cp311-manylinux_2_28_aarch64.whl" in ws
+@pytest.fixture(scope="module")
+def ws(module_tmp) -> Path:
+    return workspace_copy(module_tmp / "ws")
 
 
-def test_the_aarch64_graph_plans_every_pin_for_aarch64(tmp_path):
+def bgraph(ws, cache, *args, timeout=2400):
+    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), *args],
+                          capture_output=True, text=True, timeout=timeout, env=hermetic_env(), cwd=ws)
+
+
+def planned_fetches(ws, cache, wheel, platform) -> dict[str, str]:
+    """'label action-name' -> key of every Fetch a dry run for `platform` plans for `wheel`."""
+    run = bgraph(ws, cache, "build", "--json", "--dry-run", "--platform", platform, f"//wheels:{wheel}")
+    assert run.returncode == 0, run.stderr
+    return {f"{a['label']} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
+            if a["mnemonic"] == "Fetch"}
+
+
+def pins_named(value, pins) -> set[str]:
+    """The pin names among a target's attribute values (strings, lists and tables of them)."""
+    if isinstance(value, str):
+        return {value} & pins
+    if isinstance(value, dict):
+        return set().union(*(pins_named(v, pins) for v in value.values())) if value else set()
+    if isinstance(value, (list, tuple)):
+        return set().union(*(pins_named(v, pins) for v in value)) if value else set()
+    return set()
+
+
+def test_all_three_wheels_resolve_for_both_platforms(ws, tmp_path):
+    """For each wheel and platform, every pin its dependency closure names resolves to a file
+    for that platform: a wheel tagged for that CPU (or for any), never the other CPU's. The
+    fetches a dry run plans (the targets that wait on no other) are keyed on exactly that file
+    (its name and sha256); a pin without a file for the platform is an error."""
+    from build_graph.labels import parse_label
+    from build_graph.model import Digester
+    from build_graph.rules.base import fetch
+    from build_graph.workspace import load
+    workspace = load(ws)
+    digester = Digester(workspace.digest_function)
+    all_pins = set(workspace.model.pins)
+    torch_env = workspace.targets[parse_label("//vllm:torch-env")].attrs.wheels
+    assert len(torch_env) == 29
+    for wheel in WHEELS:
+        query = bgraph(ws, tmp_path / "cache", "query", f"deps(//wheels:{wheel})")
+        assert query.returncode == 0, query.stderr
+        closure = [parse_label(line) for line in query.stdout.split()]
+        named = set().union(*(pins_named(workspace.targets[t].attrs.model_dump(), all_pins) for t in closure))
+        assert set(torch_env) | {"vllm-sdist", "flashinfer-sdist", "cmake", "ninja", "cuda-nvcc-13-0"} <= named
+        for platform in PLATFORMS:
+            other = next(p for p in PLATFORMS if p != platform)
+            files = {}
+            for name in sorted(named):
+                try:
+                    f = workspace.pin(name).for_platform(platform)
+                except KeyError:
+                    pytest.fail(f"pin {name!r} (needed by //wheels:{wheel}) has no file for {platform}")
+                files[name] = filename = f.filename or f.url.rsplit("/", 1)[-1]
+                if filename.endswith(".whl"):
+                    tags = filename[:-4].split("-")[-1]
+                    assert platform in tags or tags == "any", (wheel, platform, filename)
+                assert other not in filename, (wheel, platform, filename)
+            fetches = planned_fetches(ws, tmp_path / "cache", wheel, platform)
+            planned = {name.split(" fetch ", 1)[1]: key for name, key in fetches.items()}
+            assert set(torch_env) | {"vllm-sdist", "cmake"} <= set(planned) <= named, (wheel, platform)
+            for name, key in planned.items():
+                pin = workspace.pin(name)
+                expected = fetch("", files[name], pin.for_platform(platform).sha256, pin.kind).key(digester)
+                assert key == expected, (wheel, platform, name, files[name])
+    # A pin with no file for the platform asked for is an error naming the pin and the platform.
+    broken = workspace_copy(tmp_path / "broken")
+    text = (broken / "WORKSPACE.toml").read_text()
+    aarch64_torch = next(line for line in text.splitlines()
+                         if line.startswith("platforms.aarch64") and "torch-2.14.0-" in line)
+    (broken / "WORKSPACE.toml").write_text(text.replace(aarch64_torch + "\n", ""))
+    run = bgraph(broken, tmp_path / "cache", "build", "--dry-run", "--platform", "aarch64", "//wheels:vllm-sm121")
+    assert run.returncode != 0 and "pin 'py-torch' has no file for platform aarch64" in run.stderr, run.stderr
+    assert planned_fetches(broken, tmp_path / "cache", "vllm-sm121", "x86_64")
+
+
+def test_the_aarch64_graph_plans_every_pin_for_aarch64(ws, tmp_path):
     """`--dry-run --platform aarch64`: the fetches planned for the wheel's closure (those of
     targets that wait on no other target's output) resolve a pinned file for aarch64 (a pin
     without one is an error), and the platform-specific ones get other keys."""
     keys = {}
-    for platform in ("x86_64", "aarch64"):
-        run = bgraph(tmp_path / "cache", "build", "--json", "--dry-run", "--platform", platform, "//wheels:vllm-sm121")
-        assert run.returncode == 0, run.stderr
-        fetches = {f"{a['label']} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
-                   if a["mnemonic"] == "Fetch"}
+    for platform in PLATFORMS:
+        fetches = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", platform)
         assert len(fetches) >= 33
         keys[platform] = fetches
     assert keys["x86_64"].keys() == keys["aarch64"].keys()
@@ -53,27 +133,27 @@ def test_the_aarch64_graph_plans_every_pin_for_aarch64(tmp_path):
     assert "//sources:vllm-sdist fetch vllm-sdist" not in differ  # an sdist is the same file everywhere
     assert not (tmp_path / "cache" / "v1" / "blake3" / "cas").exists() or not any(
         (tmp_path / "cache" / "v1" / "blake3" / "cas").rglob("*")), "a dry run downloaded something"
-    refused = bgraph(tmp_path / "cache", "build", "--platform", "aarch64", "//wheels:vllm-sm121")
+    refused = bgraph(ws, tmp_path / "cache", "build", "--platform", "aarch64", "//wheels:vllm-sm121")
     assert refused.returncode == 2 and "no cross-builds yet" in refused.stderr
 
 
-def test_offline_configure_import_and_fp4_quantization_tus(tmp_path):
+def test_offline_configure_import_and_fp4_quantization_tus(ws, tmp_path):
     free_gb = shutil.disk_usage(tmp_path).free / 1e9
     if free_gb < SMOKE_DISK_GB:
         pytest.skip(f"needs {SMOKE_DISK_GB} GB of free disk for torch's wheels, {free_gb:.1f} GB free")
     cache = tmp_path / "cache"
-    run = bgraph(cache, "build", "--json", "-j2", SMOKE, "//toolchains:cuobjdump")
+    run = bgraph(ws, cache, "build", "--json", "-j2", SMOKE, "//toolchains:cuobjdump")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads(run.stdout)
     names = {a["name"] for a in summary["actions"] if a["status"] == "executed"}
     assert "configure" in names
     assert any(n.startswith("cicc ") and "nvfp4_quant_kernels" in n and n.endswith("121a") for n in names)
-    out = REPO / "bgraph-out" / "vllm" / "smoke-fp4-sm121"
-    cuobjdump = REPO / "bgraph-out" / "toolchains" / "cuobjdump" / "bin" / "cuobjdump"
+    out = ws / "bgraph-out" / "vllm" / "smoke-fp4-sm121"
+    cuobjdump = ws / "bgraph-out" / "toolchains" / "cuobjdump" / "bin" / "cuobjdump"
     for obj in ("nvfp4_quant_kernels", "activation_nvfp4_quant_fusion_kernels", "nvfp4_experts_quant"):
         path = out / f"CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/{obj}.cu.o"
         listed = subprocess.run([str(cuobjdump), "--list-elf", str(path)], capture_output=True, text=True).stdout
         assert "sm_121a" in listed and "sm_120" not in listed, listed
     # Another build of the same target: nothing runs (the configure included).
-    again = json.loads(bgraph(cache, "build", "--json", SMOKE).stdout)
+    again = json.loads(bgraph(ws, cache, "build", "--json", SMOKE).stdout)
     assert again["executed"] == 0
