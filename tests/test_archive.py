@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
+import shutil
 import stat
+import subprocess
 import tarfile
 import zipfile
 
@@ -25,10 +28,10 @@ def cas(tmp_path):
     return LocalCas(tmp_path / "cache", B3)
 
 
-def make_tar(members: list[tuple], fmt=tarfile.GNU_FORMAT) -> bytes:
+def make_tar(members: list[tuple], fmt=tarfile.GNU_FORMAT, mode: str = "w:gz") -> bytes:
     """members: (name, kind, payload, mode) with kind in file|dir|sym|lnk|chr|fifo."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", format=fmt) as tf:
+    with tarfile.open(fileobj=buf, mode=mode, format=fmt) as tf:
         for name, kind, payload, mode in members:
             info = tarfile.TarInfo(name)
             info.mode = mode
@@ -49,6 +52,26 @@ def make_tar(members: list[tuple], fmt=tarfile.GNU_FORMAT) -> bytes:
                 info.type = tarfile.FIFOTYPE
             tf.addfile(info, data)
     return buf.getvalue()
+
+
+def make_ar(members: list[tuple[str, bytes]]) -> bytes:
+    """An ar archive (the container of a .deb), as dpkg-deb writes it."""
+    out = [b"!<arch>\n"]
+    for name, data in members:
+        out.append(f"{name:<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode() + data
+                   + (b"\n" if len(data) % 2 else b""))
+    return b"".join(out)
+
+
+def make_deb(members: list[tuple], control: str = "Package: t\nVersion: 1.0\nArchitecture: amd64\n",
+             compression: str = "xz", scripts: dict[str, str] | None = None) -> bytes:
+    """A .deb: debian-binary, control.tar.xz (control + maintainer scripts), data.tar.<compression>
+    of `members` (make_tar's format, names as dpkg-deb writes them: ./usr/...)."""
+    control_members = [("./control", "file", control.encode(), 0o644)]
+    control_members += [(f"./{name}", "file", text.encode(), 0o755) for name, text in (scripts or {}).items()]
+    return make_ar([("debian-binary", b"2.0\n"), ("control.tar.xz", make_tar(control_members, mode="w:xz")),
+                    (f"data.tar.{compression}", make_tar(members, mode={"xz": "w:xz", "gz": "w:gz"}.get(
+                        compression, "w:xz")))])
 
 
 def make_zip(members: list[tuple[str, bytes, int]]) -> bytes:
@@ -206,6 +229,102 @@ def test_corrupted_archive_blob(cas):
     fresh = LocalCas(cas.base.parent.parent, B3)
     with pytest.raises(ArchiveError, match="missing or corrupted"):
         archive.extract(fresh, act)
+
+
+# -- Debian packages (.deb: ar + data.tar) ---------------------------------------------------------
+DEB_DATA = [
+    ("./", "dir", None, 0o755),
+    ("./usr/", "dir", None, 0o755),
+    ("./usr/bin/", "dir", None, 0o755),
+    ("./usr/bin/tool", "file", b"#!/bin/sh\necho tool\n", 0o755),
+    ("./usr/bin/tool-again", "lnk", "./usr/bin/tool", 0o755),
+    ("./lib64/", "dir", None, 0o755),
+    ("./lib64/ld.so", "sym", "/lib/x86_64-linux-gnu/ld.so.2", 0o777),
+    ("./usr/lib/", "dir", None, 0o755),
+    ("./usr/lib/root-link", "sym", "/", 0o777),
+    ("./usr/share/doc/t/copyright", "file", b"free\n", 0o644),
+]
+
+
+@pytest.mark.parametrize("compression", ["xz", "gz"])
+def test_deb_unpacks_its_data_tar_only(cas, compression):
+    postinst = "#!/bin/sh\ntouch /tmp/bgraph-postinst-ran\n"
+    tree = run_extract(cas, make_deb(DEB_DATA, compression=compression, scripts={"postinst": postinst}), "t_1.0_amd64.deb")
+    assert set(tree.entries) == {"usr/bin/tool", "usr/bin/tool-again", "lib64/ld.so", "usr/lib/root-link",
+                                 "usr/share/doc/t/copyright"}
+    assert tree.entries["usr/bin/tool"].executable
+    assert tree.entries["usr/bin/tool-again"] == tree.entries["usr/bin/tool"]
+    # An absolute link in a .deb means the package root: made relative to the link's directory.
+    assert tree.entries["lib64/ld.so"] == SymlinkEntry("../lib/x86_64-linux-gnu/ld.so.2")
+    assert tree.entries["usr/lib/root-link"] == SymlinkEntry("../..")
+    # The control member (and its maintainer scripts) never reach the tree, nor run.
+    assert not any("control" in p or "postinst" in p for p in tree.entries)
+    assert not os.path.exists("/tmp/bgraph-postinst-ran")
+
+
+def test_deb_made_by_dpkg_deb(cas, tmp_path):
+    """A package built by the real dpkg-deb (root owner, its own tar layout) unpacks the same."""
+    dpkg_deb = shutil.which("dpkg-deb")
+    if dpkg_deb is None:
+        pytest.skip("dpkg-deb is not installed")
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text("Package: t\nVersion: 1.0\nArchitecture: amd64\nMaintainer: t <t@t>\n"
+                                         "Description: t\n")
+    (root / "bin").mkdir()
+    (root / "bin/tool").write_text("#!/bin/sh\n")
+    (root / "bin/tool").chmod(0o755)
+    os.symlink("/bin/tool", root / "bin/alias")
+    subprocess.run([dpkg_deb, "--build", "--root-owner-group", str(root), str(tmp_path / "t.deb")],
+                   check=True, capture_output=True)
+    tree = run_extract(cas, (tmp_path / "t.deb").read_bytes(), "t_1.0_amd64.deb")
+    assert set(tree.entries) == {"bin/tool", "bin/alias"}
+    assert tree.entries["bin/tool"].executable
+    assert tree.entries["bin/alias"] == SymlinkEntry("tool")
+    # And dpkg-deb reads what make_deb writes: the test's hand-made packages are real .deb files.
+    (tmp_path / "mine.deb").write_bytes(make_deb(DEB_DATA))
+    listed = subprocess.run([dpkg_deb, "--contents", str(tmp_path / "mine.deb")], check=True,
+                            capture_output=True, text=True).stdout
+    assert "./usr/bin/tool" in listed
+
+
+def blobs(cas: LocalCas) -> set[str]:
+    return {p.name for p in cas.blobs.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("member, entry", [
+    (("./../evil", "file", b"EVIL-PAYLOAD", 0o644), "./../evil"),
+    (("/etc/evil", "file", b"EVIL-PAYLOAD", 0o644), "/etc/evil"),
+    (("./usr/lib/out", "sym", "../../../etc/passwd", 0o777), "usr/lib/out"),
+    (("./usr/lib/hard", "lnk", "../../etc/passwd", 0o644), "usr/lib/hard"),
+    (("./usr/lib/hard", "lnk", "/etc/passwd", 0o644), "usr/lib/hard"),
+    (("./dev/null", "chr", None, 0o666), "./dev/null"),
+])
+def test_hostile_deb_is_refused_and_stores_nothing(cas, member, entry):
+    data = make_deb([("./usr/share/ok", "file", b"OK-PAYLOAD-BEFORE", 0o644), member,
+                     ("./usr/share/after", "file", b"OK-PAYLOAD-AFTER", 0o644)])
+    archive_blob = cas.put_bytes(data)
+    before = blobs(cas)
+    act = Action(name="extract", mnemonic="Extract", kind="extract", inputs=(("archive", Tree({"evil_1_amd64.deb": archive_blob})),),
+                 spec=(("filename", "evil_1_amd64.deb"), ("strip_prefix", "")))
+    with pytest.raises(ArchiveError) as info:
+        archive.extract(cas, act)
+    msg = str(info.value)
+    assert msg.startswith("evil_1_amd64.deb: ") and "refused" in msg and repr(entry) in msg, msg
+    # Not even the entries before the bad one were stored.
+    assert blobs(cas) == before
+
+
+@pytest.mark.parametrize("data, message", [
+    (make_ar([("debian-binary", b"2.0\n"), ("control.tar.xz", b"")]), "no data.tar member"),
+    (make_ar([("debian-binary", b"2.0\n"), ("data.tar.zst", b"(\xb5/\xfd")]), "zstd-compressed, which is not supported"),
+    (make_ar([("debian-binary", b"2.0\n"), ("data.tar.xz", b"\xfd7zXZ\x00 damaged")]), "data.tar.xz is not a readable tar"),
+    (b"!<arch>\nnot an ar header at all, far too short", "not a readable .deb (ar) archive"),
+])
+def test_broken_deb(cas, data, message):
+    with pytest.raises(ArchiveError, match=re.escape(message)) as info:
+        run_extract(cas, data, "broken_1_amd64.deb")
+    assert str(info.value).startswith("broken_1_amd64.deb: ")
 
 
 # -- end to end: http_archive (file:// URL) + extract ---------------------------------------------
