@@ -178,26 +178,63 @@ instances:
 """
 
 
-def python313() -> str | None:
+def _user_home() -> Path:
+    """The user's real home (conftest gives the test session a private HOME; pyenv lives here)."""
+    import bgraph_testlib
+    return bgraph_testlib.USER_HOME or Path.home()
+
+
+def pyenv_roots() -> list[Path]:
+    """Where pyenv keeps its Pythons: $PYENV_ROOT, and ~/.pyenv of the user's real home."""
+    roots = [Path(os.environ["PYENV_ROOT"])] if os.environ.get("PYENV_ROOT") else []
+    return roots + [r for r in [_user_home() / ".pyenv"] if r not in roots]
+
+
+def python313(roots: list[Path] | None = None, path: str | None = None) -> str | None:
     """A Python 3.13 interpreter (BuildGrid 0.9.1 needs it) that runs: pyenv's own, or on PATH.
     (pyenv's shim for python3.13 is on PATH but exits 127 where 3.13 is not a selected version.)"""
-    candidates = [str(c) for c in sorted(Path.home().glob(".pyenv/versions/3.13*/bin/python3.13"), reverse=True)]
-    candidates.append(shutil.which("python3.13") or "")
+    candidates = [str(c) for root in (pyenv_roots() if roots is None else roots)
+                  for c in sorted(root.glob("versions/3.13*/bin/python3.13"), reverse=True)]
+    candidates.append(shutil.which("python3.13", path=path) or "")
     for candidate in filter(None, candidates):
         if subprocess.run([candidate, "--version"], capture_output=True).returncode == 0:
             return candidate
     return None
 
 
-def buildgrid_bgd() -> str | None:
-    """`bgd` of BuildGrid 0.9.1 in a venv made once (under ~/.cache/bgraph-tests) and reused."""
-    venv = Path.home() / ".cache" / "bgraph-tests" / f"buildgrid-{BUILDGRID_VERSION}"
-    bgd = venv / "bin" / "bgd"
-    if bgd.exists():
-        return str(bgd)
-    py = python313()
+def buildgrid_venv(home: Path) -> Path:
+    return home / ".cache" / "bgraph-tests" / f"buildgrid-{BUILDGRID_VERSION}"
+
+
+def buildgrid_missing_reason(roots: list[Path] | None = None, homes: list[Path] | None = None) -> str:
+    """The skip reason where buildgrid_bgd() finds no BuildGrid and no Python 3.13 to install it
+    with: it names the tool, what was looked for, and the command that fixes it (pytest -rs shows it)."""
+    roots = pyenv_roots() if roots is None else roots
+    homes = [_user_home(), Path.home()] if homes is None else homes
+    looked = " and ".join(f"{r}/versions/3.13*/bin/python3.13" for r in roots)
+    venvs = " or ".join(sorted({str(buildgrid_venv(h)) for h in homes}))
+    return (f"BuildGrid {BUILDGRID_VERSION} unavailable, so the REAPI remote cache is untested: it needs "
+            f"Python 3.13, and none runs here (looked for {looked} and python3.13 on PATH; no ready venv "
+            f"at {venvs}). Install: pyenv install 3.13 (the tests then pip-install "
+            f"buildgrid=={BUILDGRID_VERSION} into a venv of their own)")
+
+
+def buildgrid_bgd(homes: list[Path] | None = None, roots: list[Path] | None = None,
+                  path: str | None = None) -> str | None:
+    """`bgd` of BuildGrid 0.9.1: from a venv an earlier run made (under ~/.cache/bgraph-tests of
+    the user's home, only read, or of the session's), else made now in the session's home (the
+    last of `homes`). None where there is none and no Python 3.13 can make one
+    (see buildgrid_missing_reason)."""
+    homes = [_user_home(), Path.home()] if homes is None else homes
+    for home in homes:
+        bgd = buildgrid_venv(home) / "bin" / "bgd"
+        if bgd.exists():
+            return str(bgd)
+    py = python313(roots, path)
     if py is None:
         return None
+    venv = buildgrid_venv(homes[-1])
+    bgd = venv / "bin" / "bgd"
     try:
         subprocess.run([py, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"buildgrid=={BUILDGRID_VERSION}"],

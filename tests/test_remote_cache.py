@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -190,14 +191,54 @@ SHA256_WORKSPACE = '[workspace]\nname = "test"\ndigest_function = "sha256"\n'
 
 @pytest.fixture(scope="module")
 def buildgrid(tmp_path_factory):
-    from remote_servers import BuildGrid, buildgrid_bgd
+    from remote_servers import BuildGrid, buildgrid_bgd, buildgrid_missing_reason
 
     bgd = buildgrid_bgd()
     if bgd is None:
-        pytest.skip("BuildGrid 0.9.1 needs Python 3.13 (pyenv install 3.13)")
+        pytest.skip(buildgrid_missing_reason())
     server = BuildGrid(tmp_path_factory.mktemp("buildgrid") / "server", bgd)
     yield server
     server.stop()
+
+
+def test_buildgrid_skip_reason_names_what_is_missing(tmp_path):
+    """Where neither BuildGrid nor a Python 3.13 to install it is found, the REAPI tests skip with
+    a reason (shown by pytest -rs, as CI runs it) that names the tool and how to get it."""
+    from remote_servers import buildgrid_bgd, buildgrid_missing_reason
+
+    home = tmp_path / "home"
+    roots = [home / ".pyenv"]
+    assert buildgrid_bgd(homes=[home], roots=roots, path=str(tmp_path / "empty-bin")) is None
+    reason = buildgrid_missing_reason(roots, [home])
+    assert reason.startswith("BuildGrid 0.9.1 unavailable, so the REAPI remote cache is untested")
+    assert f"looked for {home}/.pyenv/versions/3.13*/bin/python3.13 and python3.13 on PATH" in reason
+    assert f"no ready venv at {home}/.cache/bgraph-tests/buildgrid-0.9.1" in reason
+    assert "Install: pyenv install 3.13" in reason and "buildgrid==0.9.1" in reason
+    # A python3.13 on PATH that does not run (pyenv's shim where 3.13 is not selected) is not one.
+    shim = tmp_path / "bin" / "python3.13"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\nexit 127\n")
+    shim.chmod(0o755)
+    assert buildgrid_bgd(homes=[home], roots=roots, path=str(shim.parent)) is None
+    assert not home.exists()  # looking made nothing
+
+
+def test_buildgrid_python_is_found_under_the_users_pyenv_though_home_is_private(tmp_path, monkeypatch):
+    """The session's HOME is private (conftest): Python 3.13 is still looked for in the user's
+    real ~/.pyenv (else the REAPI tests skip on a machine that has it, as they did)."""
+    import bgraph_testlib
+    from remote_servers import python313, pyenv_roots
+
+    assert Path.home() != bgraph_testlib.USER_HOME
+    user = tmp_path / "user"
+    python = user / ".pyenv" / "versions" / "3.13.1" / "bin" / "python3.13"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\necho Python 3.13.1\n")
+    python.chmod(0o755)
+    monkeypatch.delenv("PYENV_ROOT", raising=False)
+    monkeypatch.setattr(bgraph_testlib, "USER_HOME", user)
+    assert pyenv_roots() == [user / ".pyenv"]
+    assert python313(path=str(tmp_path / "empty-bin")) == str(python)
 
 
 def sha256_ws(make_ws, name, extra=None):
