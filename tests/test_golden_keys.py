@@ -3,19 +3,20 @@
 probe) and the keys of a genrule, a cuda_library per-arch step (from a recorded nvcc --dryrun)
 and a wheel are compared with tests/data/golden_keys.json.
 
-Regenerate after an intended change: BGRAPH_UPDATE_GOLDEN=1 python3 -m pytest tests/test_golden_keys.py
-That run rewrites the file and still fails, naming the keys it changed (review `git diff
-tests/data/golden_keys.json`); the next run, without the variable, passes. So a run with the
-variable set never passes while the keys differ from the committed file.
+Regenerate after an intended change with one command, then review `git diff tests/data/golden_keys.json`:
+    python3 tests/test_golden_keys.py
+The test itself only compares: no setting makes it write the file, so it cannot pass while the
+planned keys differ from the committed ones (an update variable would also be dropped: conftest
+removes every BGRAPH_* variable from the session).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 from build_graph.labels import Label
 from build_graph.model import Digester, FileEntry, Outcome, TargetOutput, Tree
@@ -66,7 +67,7 @@ def planned_keys() -> dict[str, str]:
     return keys
 
 
-UPDATE_ENV = "BGRAPH_UPDATE_GOLDEN"
+REGENERATE = "python3 tests/test_golden_keys.py"
 
 
 def key_changes(expected: dict[str, str], keys: dict[str, str]) -> dict[str, list[str | None]]:
@@ -75,18 +76,27 @@ def key_changes(expected: dict[str, str], keys: dict[str, str]) -> dict[str, lis
             if expected.get(k) != keys.get(k)}
 
 
+def golden_text(keys: dict[str, str]) -> str:
+    return json.dumps(keys, indent=1, sort_keys=True) + "\n"
+
+
 def test_action_keys_match_the_golden_file():
     keys = planned_keys()
-    expected = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    expected = json.loads(GOLDEN.read_text())
     changed = key_changes(expected, keys)
-    if changed and os.environ.get(UPDATE_ENV):
-        GOLDEN.write_text(json.dumps(keys, indent=1, sort_keys=True) + "\n")
-        pytest.fail(f"{UPDATE_ENV} is set: rewrote {GOLDEN.relative_to(DATA.parent.parent)} with "
-                    f"{len(changed)} changed key(s); review the diff, then run again without {UPDATE_ENV}: "
-                    + json.dumps(changed, indent=1), pytrace=False)
-    assert not changed, (f"action keys changed (if intended, regenerate with {UPDATE_ENV}=1, "
-                         "review the diff, run again): " + json.dumps(changed, indent=1))
-    assert keys == expected
+    assert not changed, (f"action keys changed (if intended, regenerate with `{REGENERATE}` and review the "
+                         "diff): " + json.dumps(changed, indent=1))
+    assert golden_text(keys) == GOLDEN.read_text()
+
+
+def test_the_regeneration_command_writes_exactly_the_committed_file(tmp_path):
+    out = tmp_path / "golden_keys.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's bgraph
+    proc = subprocess.run([sys.executable, str(Path(__file__)), str(out)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == GOLDEN.read_text()
+    assert "0 key(s) changed" in proc.stdout
 
 
 def test_golden_file_covers_every_planned_step():
@@ -98,3 +108,17 @@ def test_golden_file_covers_every_planned_step():
                            "cuda_library devpp k/k.cu 1200", "cuda_library devpp k/k.cu 1210", "py_wheel"}
     assert len(set(golden.values())) == len(golden)
     assert all(len(v) == 64 and int(v, 16) >= 0 for v in golden.values())
+
+
+def main(argv: list[str]) -> int:
+    """Rewrite the golden file (or the path given) from the planners; print what changed."""
+    out = Path(argv[0]) if argv else GOLDEN
+    keys = planned_keys()
+    changed = key_changes(json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}, keys)
+    out.write_text(golden_text(keys))
+    print(f"wrote {out}: {len(changed)} key(s) changed" + (":\n" + json.dumps(changed, indent=1) if changed else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
