@@ -1,8 +1,9 @@
 """The bubblewrap runner: one sandboxed process per action.
 
 Inside, an action sees only its declared input trees, read-only at their fixed mount points
-(/bgraph/src, /bgraph/in/<name>, /bgraph/toolchain), a writable /bgraph/out, a tmpfs /tmp,
-and the host directories its host_tools target declares, read-only. No network (own empty net
+(/bgraph/src, /bgraph/in/<name>, /bgraph/toolchain, and /usr when it runs on a pinned system
+root), a writable /bgraph/out, a tmpfs /tmp, and the host directories its host_tools target
+declares (an opt-in), read-only. No network (own empty net
 namespace), its own PID namespace (nvcc names temp files after its PID), a clean environment.
 """
 
@@ -116,6 +117,9 @@ class BwrapRunner:
                     args += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
         for mount, tree in coalesced_mounts(action.inputs):
             args += ["--ro-bind", str(self.cas.materialize(tree)), mount]
+            if mount == "/usr":  # a pinned system root (deb_packages): the merged-/usr links, from no host path
+                for link in ("bin", "lib", "lib64", "sbin"):
+                    args += ["--symlink", f"usr/{link}", f"/{link}"]
         args += ["--bind", str(out_dir), "/bgraph/out", "--chdir", action.cwd]
         return args + ["--", *action.argv]
 

@@ -39,6 +39,10 @@ BASE_ENV = {
     "TMPDIR": "/tmp",
 }
 SRC = "/bgraph/src"
+# A TargetOutput info key: the root-layout Tree of a pinned system (deb_packages) whose usr/ an
+# action sees as /usr (with the merged-/usr links /bin, /lib, /lib64, /sbin) instead of the host's.
+SYSTEM_ROOT = "system_root"
+SYSTEM_USR = "/usr"
 OUT = "/bgraph/out"
 TOOLCHAIN = "/bgraph/toolchain"
 
@@ -107,9 +111,19 @@ class RuleContext:
             if h is None:
                 continue
             info = h.info if isinstance(h, TargetOutput) else h
+            root = info.get(SYSTEM_ROOT)
+            if root is not None:  # a pinned system (deb_packages): its usr/ is the sandbox's /usr
+                usr = root.subtree("usr")
+                if mounts.setdefault(SYSTEM_USR, usr) != usr:
+                    raise self.fail("two different system roots for one action (its tools and its "
+                                    "toolchain's host)", hint="give the toolchain and the target the same root")
+                continue
             host_paths = tuple(sorted(set(host_paths) | set(info["host_paths"])))
             host_tools = tuple(sorted(set(host_tools) | {HostTool(*t) for t in info["host_tools"]},
                                       key=lambda t: t.path))
+        if SYSTEM_USR in mounts and host_paths:
+            raise self.fail(f"an action cannot use both a pinned system root and host paths {list(host_paths)}",
+                            hint="use the pinned root's tools (a deb_packages target), or host_tools alone")
         return Action(
             name=name,
             mnemonic=mnemonic,
