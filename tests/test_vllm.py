@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bgraph_testlib import REPO, hermetic_env
+from bgraph_testlib import hermetic_env, workspace_copy
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -21,20 +21,6 @@ SMOKE = "//vllm:smoke-fp4-sm121"
 SMOKE_DISK_GB = 14
 WHEELS = ("vllm-sm121", "vllm-sm120", "vllm-sm12x")
 PLATFORMS = ("x86_64", "aarch64")
-WORKSPACE_PARTS = ("WORKSPACE.toml", "targets", "kernels", "python", "patches")
-
-
-def workspace_copy(root: Path) -> Path:
-    """The repository's workspace (WORKSPACE.toml, targets, the sources and patches they name)
-    copied to `root`: builds write bgraph-out/ links into their workspace, never into the checkout."""
-    root.mkdir(parents=True)
-    for part in WORKSPACE_PARTS:
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, root / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, root / part)
-    return root
 
 
 @pytest.fixture(scope="module")

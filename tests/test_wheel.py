@@ -18,24 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from bgraph_testlib import REPO, hermetic_env
+from bgraph_testlib import hermetic_env, workspace_copy
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 WHEEL = "//wheels:fp4-kernels-sm121"
-WORKSPACE_PARTS = ("WORKSPACE.toml", "targets", "kernels", "python", "patches")
-
-
-def workspace_copy(root: Path) -> Path:
-    """The repository's workspace (its WORKSPACE.toml, targets and the sources they name) at `root`."""
-    root.mkdir(parents=True)
-    for part in WORKSPACE_PARTS:
-        src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, root / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, root / part)
-    return root
 
 
 def bgraph(ws: Path, cache: Path, *args: str) -> dict:
