@@ -62,6 +62,23 @@ class RemoteSection(Strict):
     timeout_s: float = Field(10.0, gt=0, description="seconds per request")
 
 
+class DebianSection(Strict):
+    """Where Debian packages come from (deb_packages, `bgraph deb lock`); empty: apt's own sources."""
+
+    mirrors: list[str] = Field(default_factory=list,
+                               description="base URLs of Debian archives, tried in order for each suite and each "
+                                           "pool file (default: the sources apt is configured with)")
+    suites: list[str] = Field(default_factory=list,
+                              description="suites to lock from, highest version wins (e.g. bookworm, bookworm-updates)")
+    components: list[str] = Field(default_factory=lambda: ["main"], description="archive components")
+
+    @model_validator(mode="after")
+    def _suites_with_mirrors(self) -> "DebianSection":
+        if self.mirrors and not self.suites:
+            raise ValueError("mirrors need suites (e.g. suites = [\"bookworm\", \"bookworm-updates\"])")
+        return self
+
+
 class PinFile(Strict):
     """One downloadable file of a pin, for one platform or for all."""
 
@@ -123,6 +140,7 @@ class WorkspaceModel(Strict):
     remote: RemoteSection = RemoteSection()
     arch_sets: dict[str, list[str]] = Field(default_factory=dict, description="named arch lists")
     pins: dict[str, Pin] = Field(default_factory=dict, description="pinned external inputs")
+    debian: DebianSection = DebianSection()
 
     @field_validator("arch_sets")
     @classmethod

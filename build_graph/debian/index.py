@@ -1,0 +1,188 @@
+"""A mirror's package indexes (dists/SUITE/COMPONENT/binary-ARCH/Packages.{xz,gz}): download and parse.
+
+The download goes through `requests` with retries (connection errors and 5xx); a mirror that
+does not answer is an error naming it and the file; a 404 means the mirror does not carry
+that suite (another configured one may). Parsing is python-debian's deb822 reader.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import lzma
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+from urllib.parse import unquote, urlparse
+
+import requests
+from debian.deb822 import Deb822
+from debian.debian_support import Version
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from build_graph.errors import FetchError
+from build_graph.debian.sources import AptSource
+
+# Tried in this order; every Debian mirror serves .xz, small or old ones .gz or plain.
+VARIANTS = ((".xz", lzma.decompress), (".gz", gzip.decompress), ("", lambda b: b))
+FIELDS = ["Package", "Version", "Architecture", "Filename", "SHA256", "Size", "Depends", "Pre-Depends", "Provides"]
+MIRROR_HINT = ("check the network and the mirror; mirrors come from [debian] mirrors in WORKSPACE.toml, "
+               "else from apt's sources (/etc/apt/sources.list, /etc/apt/sources.list.d)")
+
+
+def session() -> requests.Session:
+    """A session that retries connection errors and 5xx answers a few times, briefly."""
+    s = requests.Session()
+    retry = Retry(total=2, connect=2, read=2, status=2, backoff_factor=0.25,
+                  status_forcelist=(500, 502, 503, 504), allowed_methods=("GET",), raise_on_status=False)
+    s.mount("http://", HTTPAdapter(max_retries=retry))
+    s.mount("https://", HTTPAdapter(max_retries=retry))
+    return s
+
+
+def no_answer(exc: BaseException) -> str:
+    """The innermost reason of a network error, short (e.g. '[Errno 111] Connection refused')."""
+    reason = exc
+    while True:
+        inner = getattr(reason, "reason", None) or reason.__cause__ or reason.__context__
+        if inner is None or inner is reason or not isinstance(inner, BaseException):
+            break
+        reason = inner
+    text = str(reason)
+    # urllib3 prefixes its connection object: "<...HTTPConnection object at 0x..>: Failed to ..."
+    return text.split(">: ", 1)[-1].strip() or type(exc).__name__
+
+
+def get(url: str, s: requests.Session, timeout: float = 60) -> bytes | None:
+    """The bytes at `url` (http(s) or file:), None for a 404; FetchError if the mirror does not answer."""
+    if url.startswith("file:"):
+        try:
+            with open(unquote(urlparse(url).path), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise FetchError(f"cannot read {url}: {e.strerror}", hint=MIRROR_HINT) from None
+    try:
+        r = s.get(url, timeout=timeout)
+    except requests.RequestException as e:
+        raise FetchError(f"{url} does not answer ({no_answer(e)})", hint=MIRROR_HINT) from None
+    if r.status_code in (403, 404, 410):
+        return None
+    if not r.ok:
+        raise FetchError(f"{url} answered HTTP {r.status_code}", hint=MIRROR_HINT)
+    return r.content
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One package version an index offers."""
+
+    package: str
+    version: str
+    architecture: str
+    suite: str
+    filename: str  # pool path, relative to the mirror base
+    sha256: str
+    size: int
+    depends: str = ""
+    pre_depends: str = ""
+    provides: str = ""
+
+    @property
+    def ver(self) -> Version:
+        return Version(self.version)
+
+
+def parse_packages(text: bytes, suite: str, where: str) -> Iterator[Candidate]:
+    """The entries of one Packages file (entries without a SHA256 are refused: nothing to pin)."""
+    for para in Deb822.iter_paragraphs(io.BytesIO(text), fields=FIELDS, use_apt_pkg=False):
+        name = para.get("Package")
+        if not name:
+            continue
+        if not para.get("SHA256") or not para.get("Filename"):
+            raise FetchError(f"index entry {name} {para.get('Version')} has no SHA256 or Filename", where=where)
+        yield Candidate(name, para["Version"], para.get("Architecture", ""), suite, para["Filename"],
+                        para["SHA256"], int(para.get("Size", "0")), para.get("Depends", ""),
+                        para.get("Pre-Depends", ""), para.get("Provides", ""))
+
+
+@dataclass
+class Index:
+    """Every version of every package of one architecture, highest first, across suites."""
+
+    arch: str
+    suites: list[str]
+    mirrors: list[str]
+    versions: dict[str, list[Candidate]]
+
+    def describe(self) -> str:
+        return f"the {self.arch} index of {', '.join(self.suites)}"
+
+
+def build_index(candidates: list[Candidate], arch: str, suites: list[str], mirrors: list[str]) -> Index:
+    """Group candidates by package, highest version first (earlier suite first on a tie)."""
+    by_name: dict[str, list[Candidate]] = {}
+    rank = {s: i for i, s in enumerate(suites)}
+    for c in candidates:
+        if c.architecture not in (arch, "all"):
+            continue
+        by_name.setdefault(c.package, []).append(c)
+    for name, cands in by_name.items():
+        cands.sort(key=lambda c: rank.get(c.suite, len(rank)))
+        cands.sort(key=lambda c: c.ver, reverse=True)  # stable: the tie keeps suite order
+        seen: set[str] = set()
+        by_name[name] = [c for c in cands if not (c.version in seen or seen.add(c.version))]
+    return Index(arch, suites, mirrors, by_name)
+
+
+def fetch_index(sources: list[AptSource], suites: list[str], arch: str, s: requests.Session,
+                progress: Callable[[str], None] = lambda m: None) -> Index:
+    """Download and parse the Packages indexes of every suite and component for `arch`.
+    For each (suite, component) the first source that serves it is used."""
+    candidates: list[Candidate] = []
+    used: list[str] = []
+    for suite in suites:
+        comps = list(dict.fromkeys(c for src in sources if suite in src.suites for c in src.components))
+        for comp in comps:
+            rel = f"dists/{suite}/{comp}/binary-{arch}/Packages"
+            tried: list[str] = []
+            failure: FetchError | None = None
+            for src in sources:
+                if suite not in src.suites or comp not in src.components or not src.serves(arch):
+                    continue
+                base = src.uri.rstrip("/")
+                tried.append(base)
+                try:
+                    found = _first_variant(base, rel, s)
+                except FetchError as e:  # another source may serve it; else this is the error
+                    failure = failure or e
+                    continue
+                if found is None:
+                    continue
+                start = time.monotonic()
+                ext, text = found
+                candidates += parse_packages(text, suite, f"{base}/{rel}{ext}")
+                progress(f"{base}/{rel}{ext}: parsed in {time.monotonic() - start:.1f}s")
+                used.append(base)
+                break
+            else:
+                if failure is not None:
+                    raise failure
+                raise FetchError(f"no configured mirror serves {rel}(.xz|.gz) (asked: {', '.join(tried)})",
+                                 where=f"suite {suite}", hint=MIRROR_HINT)
+    return build_index(candidates, arch, suites, list(dict.fromkeys(used)))
+
+
+def _first_variant(base: str, rel: str, s: requests.Session) -> tuple[str, bytes] | None:
+    """(extension, decompressed index) of the first variant the mirror has, or None."""
+    for ext, decompress in VARIANTS:
+        data = get(f"{base}/{rel}{ext}", s)
+        if data is None:
+            continue
+        try:
+            return ext, decompress(data)
+        except (lzma.LZMAError, OSError, EOFError) as e:
+            raise FetchError(f"{base}/{rel}{ext} is damaged ({e})", hint=MIRROR_HINT) from None
+    return None
