@@ -217,7 +217,7 @@ def extract(cas: LocalCas, action: Action) -> tuple[Tree, ActionResult]:
     # Directories are implied by their contents; keep only the empty ones.
     parents = {p.rsplit("/", i)[0] for p in entries for i in range(1, p.count("/") + 1)}
     entries = {p: e for p, e in entries.items() if not (isinstance(e, DirEntry) and p in parents)}
-    if not entries:
+    if not entries and not deb:  # a package may ship nothing (a transitional one)
         raise ArchiveError(f"nothing left after strip_prefix {prefix!r}", where=filename)
     if isinstance(store, _HeldBack):
         store.commit()

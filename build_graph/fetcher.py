@@ -132,6 +132,8 @@ class Fetcher:
     def run(self, action: Action) -> tuple[Tree, ActionResult]:
         spec = dict(action.spec)
         start = time.monotonic()
+        if spec["source"] == "debian":
+            return self._run_debian(spec, start)
         if spec["source"] == "pypi":
             urls, asked = find_on_index(spec["project"], spec["filename"], self.session)
             if not urls:
@@ -180,6 +182,66 @@ class Fetcher:
             raise FetchError(f"download of {url} failed: {e}", where=what) from None
         except OSError as e:  # file: URLs (and the staging file)
             raise FetchError(f"download of {url} failed: {e.strerror or e}", where=what) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    # -- source "debian": a pinned .deb by pool path, from the first configured mirror that has it --
+    def _run_debian(self, spec: dict[str, str], start: float) -> tuple[Tree, ActionResult]:
+        """Try each mirror (WORKSPACE.toml [debian] mirrors carried in the spec, else apt's sources)."""
+        from build_graph.debian.index import MIRROR_HINT, session
+        from build_graph.debian.sources import configured_sources, mirrors_for
+
+        what = f"package {spec['package']} ({spec['pool']})"
+        bases = (spec["mirrors"].split() if spec.get("mirrors")
+                 else mirrors_for(configured_sources([], [], []), spec["suite"], spec.get("architecture", "")))
+        self._deb_session = getattr(self, "_deb_session", None) or session()
+        problems = []
+        for base in bases:
+            url = base.rstrip("/") + "/" + spec["pool"]
+            entry, problem = self._download_deb(url, spec["sha256"], what)
+            if entry is not None:
+                break
+            problems.append(problem)
+        else:
+            raise FetchError(f"no mirror could give it: {'; '.join(problems) or 'no mirror configured'}", where=what,
+                             hint="a mirror keeps only current versions: re-lock with `bgraph deb lock`; "
+                                  + MIRROR_HINT)
+        tree = Tree({spec["filename"]: entry})
+        result = ActionResult(self.cas.put_tree(tree), 0, self.cas.put_bytes(b"").digest,
+                              self.cas.put_bytes(f"{url}\n".encode()).digest, round(time.monotonic() - start, 3), 1)
+        return tree, result
+
+    def _download_deb(self, url: str, sha256: str, what: str):
+        """(entry, None), or (None, why this mirror could not give it); a file that does not match
+        its pin is an error at once (pool files never change: the lock or the mirror is wrong)."""
+        from build_graph.debian.index import no_answer
+
+        fd, tmp = tempfile.mkstemp(dir=self.cas.tmp, prefix="fetch-")
+        h = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                if url.startswith("file:"):
+                    with open(_local_path(url), "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                            out.write(chunk)
+                else:
+                    with self._deb_session.get(url, stream=True, timeout=120) as r:
+                        if not r.ok:
+                            return None, f"{url}: HTTP {r.status_code}"
+                        for chunk in r.iter_content(1 << 20):
+                            h.update(chunk)
+                            out.write(chunk)
+            if h.hexdigest() != sha256:
+                raise FetchError(f"{url} does not match its pin: expected sha256 {sha256}, got {h.hexdigest()}; "
+                                 "nothing was stored", where=what,
+                                 hint="if the mirror's file is trusted, re-lock with `bgraph deb lock`")
+            return self.cas.put_file(tmp, executable=False, move=True), None
+        except requests.RequestException as e:
+            return None, f"{url} does not answer ({no_answer(e)})"
+        except FileNotFoundError:
+            return None, f"{url}: no such file"
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -7,8 +7,8 @@ from typing import Callable
 
 from pydantic import BaseModel
 
-from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain, genrule,
-                               host_tools, patched_tree, py_wheel, python_env)
+from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain,
+                               deb_packages, genrule, host_tools, patched_tree, py_wheel, python_env)
 
 
 def _none(attrs) -> list:
@@ -45,4 +45,6 @@ RULES: dict[str, Rule] = {
     "python_env": Rule("python_env", python_env.PythonEnvAttrs, python_env.plan_python_env),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
                      py_wheel.py_wheel_sources),
+    "deb_packages": Rule("deb_packages", deb_packages.DebPackagesAttrs, deb_packages.plan_deb_packages,
+                         sources=deb_packages.deb_packages_sources),
 }
