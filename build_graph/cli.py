@@ -235,6 +235,29 @@ def cmd_exec(args, console: Console) -> int:
         rmtree(work)
 
 
+def cmd_deb(args, console: Console) -> int:
+    """`bgraph deb lock [LABEL...]`: resolve deb_packages targets against the mirrors, write their locks."""
+    import time
+
+    from build_graph.debian.locking import deb_targets, lock
+
+    ws = _workspace(args)
+    labels = deb_targets(ws, expand(args.targets, ws.targets) if args.targets else [])
+    if not labels:
+        console.print("no deb_packages targets in this workspace", highlight=False)
+        return 0
+    start = time.monotonic()
+    results = lock(ws, labels, progress=lambda m: console.print(f"[dim]{_escape(m)}[/]", highlight=False))
+    out = _stdout()
+    for r in results:
+        sizes = ", ".join(f"{p} {n} packages ({size / 2**20:.1f} MiB)" for p, (n, size) in sorted(r.totals.items()))
+        out.print(f"{r.label}: {r.lock} {'written' if r.written else 'unchanged'}: {sizes}", highlight=False)
+        for line in r.changes + ([r.note] if r.note else []):
+            out.print(f"  {_escape(line)}", highlight=False)
+    console.print(f"locked {len(results)} target(s) in {time.monotonic() - start:.1f}s", highlight=False)
+    return 0
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
@@ -387,6 +410,12 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("label")
     x.add_argument("argv", nargs=argparse.REMAINDER)
     x.set_defaults(fn=cmd_exec)
+
+    d = sub.add_parser("deb", help="Debian package sets (deb_packages): lock them against the mirrors")
+    dsub = d.add_subparsers(dest="action", required=True)
+    dl = dsub.add_parser("lock", help="resolve each target's packages for every platform; write its lock file")
+    dl.add_argument("targets", nargs="*", help="labels or patterns (default: every deb_packages target)")
+    d.set_defaults(fn=cmd_deb)
     return p
 
 
