@@ -34,13 +34,39 @@ def _gpu_compute_capability() -> float | None:
     return float(lines[0]) if lines else None
 
 
+def _library_under_test() -> str | None:
+    """$BGRAPH_FP4_LIB as pytest was started with it. tests/conftest.py drops every BGRAPH_*
+    variable from the session (bgraph's own settings must not reach the tests), this one too,
+    so it is read back from the environment the process was started with."""
+    if os.environ.get(fp4.LIB_ENV):
+        return os.environ[fp4.LIB_ENV]
+    try:
+        started_with = Path("/proc/self/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    prefix = fp4.LIB_ENV.encode() + b"="
+    return next((v[len(prefix):].decode() for v in started_with if v.startswith(prefix) and v != prefix), None)
+
+
 COMPUTE_CAPABILITY = _gpu_compute_capability()
+LIBRARY = _library_under_test()
+# The symbols of the C ABI (kernels/fp4/bgraph_fp4.h) the Python front end binds.
+SYMBOLS = ("bgraph_fp4_convert", "bgraph_fp4_quantize", "bgraph_fp4_dequantize", "bgraph_fp4_has_hw_cvt",
+           "bgraph_fp4_last_error")
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(COMPUTE_CAPABILITY is None, reason="no working NVIDIA GPU (nvidia-smi)"),
-    pytest.mark.skipif(not os.environ.get(fp4.LIB_ENV), reason=f"{fp4.LIB_ENV} is not set"),
+    pytest.mark.skipif(LIBRARY is None, reason=f"{fp4.LIB_ENV} is not set (the libbgraph_fp4.so to test)"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library_under_test():
+    """$BGRAPH_FP4_LIB for this module's tests only (the session's environment has no BGRAPH_*)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(fp4.LIB_ENV, LIBRARY)
+        yield Path(LIBRARY)
 
 SEEDS = [0, 1, 2]
 GLOBAL_SCALES = [1.0, 1 / (6 * 448), 3e-3, 37.5, 2.0**-100, 1e-44]  # 1e-44: subnormal
@@ -83,15 +109,29 @@ def tie_blocks(d: float) -> np.ndarray:
     return np.concatenate([block, block[::-1]]).astype(np.float32)
 
 
-def test_library_loads():
-    assert fp4.library_path().is_file()
+def test_library_loads(library_under_test):
+    """The file named by $BGRAPH_FP4_LIB is the one loaded (dlopen, its dependencies resolved),
+    it exports the C ABI, and its kernels run on this GPU."""
+    assert fp4.library_path() == library_under_test
+    lib = fp4._lib()  # ctypes.CDLL: raises OSError for a file that is not a loadable library
+    assert Path(lib._name) == library_under_test
+    for name in SYMBOLS:
+        assert callable(getattr(lib, name)), name
+    mapped = {line.split(maxsplit=5)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+              if line.count(" ") >= 5}
+    assert str(library_under_test.resolve()) in mapped
+    # E2M1 of 0, 0.5, 6, -6 is 0x0, 0x1, 0x7, 0xF, two per byte with the even element low.
+    assert fp4.convert(np.array([0.0, 0.5, 6.0, -6.0], np.float32)).tolist() == [0x10, 0xF7]
 
 
 def test_hw_cvt_flag_matches_the_gpu():
+    """The flag names the E2M1 path of the cubin the runtime picked for this GPU: the library's
+    targets build arch-specific cubins, with the hardware cvt.rn.satfinite.e2m1x2 from sm_100 on
+    (12.0a, 12.1a: //kernels:fp4) and the software path below (9.0a: //kernels:fp4-sm90)."""
     hw = fp4.has_hw_cvt()
-    assert isinstance(hw, bool)
-    if COMPUTE_CAPABILITY < 10.0:
-        assert not hw  # the instruction exists from sm_100 on
+    assert type(hw) is bool
+    assert hw is (COMPUTE_CAPABILITY >= 10.0), (COMPUTE_CAPABILITY, hw)
+    assert fp4.has_hw_cvt() is hw  # a property of the loaded cubin: asked again, the same
 
 
 @pytest.mark.parametrize("seed", SEEDS)
