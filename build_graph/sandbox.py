@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from build_graph.cgroups import CpuAccounting
+from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.store.cas import LocalCas, rmtree
@@ -102,7 +102,9 @@ class BwrapRunner:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.stopping = False
-        self.cpu = CpuAccounting.probe()  # None where this host allows no cgroups: CPU time unmeasured
+        # Per-action cgroups where this host allows them: CPU time (else 0) and peak memory
+        # (else sampled from the process tree).
+        self.accounting = Accounting.probe()
 
     def command(self, action: Action, out_dir: Path) -> list[str]:
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -143,7 +145,7 @@ class BwrapRunner:
                 raise SandboxError(f"declared output {o!r} is not a relative path inside the output directory",
                                    where=action.name) from None
         work = Path(tempfile.mkdtemp(dir=self.cas.tmp, prefix="act-"))
-        group = None  # the action's cgroup, where CPU time is accounted
+        groups: dict[str, Path] = {}  # the action's cgroups, where its CPU time and memory are accounted
         out_dir = work / "out"
         out_dir.mkdir()
         try:
@@ -159,31 +161,32 @@ class BwrapRunner:
             split = options.index("--")
             args_file = work / "bwrap.args"
             args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
-            if self.cpu is not None:
-                group = self.cpu.new_group()
+            groups = self.accounting.new_groups()
             with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
                 argv = [bwrap, "--args", str(af.fileno()), *options[split:]]
-                if group is not None:
-                    argv = self.cpu.wrap(group, argv)
+                argv = self.accounting.wrap(groups, argv)
                 proc = subprocess.Popen(argv, stdout=so,
                                         stderr=se, stdin=subprocess.DEVNULL, pass_fds=(af.fileno(),),
                                         start_new_session=True, env=self.environment(action))
                 with self._lock:
                     self._procs.add(proc)
-                sampler = PeakSampler(proc.pid)
-                sampler.start()
+                # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:
+                # it starts from bgraph's own high-water mark (see cgroups.py).
+                sampler = PeakSampler(proc.pid) if "memory" not in groups else None
+                if sampler is not None:
+                    sampler.start()
                 try:
-                    _pid, status, usage = os.wait4(proc.pid, 0)
+                    _pid, status = os.waitpid(proc.pid, 0)
                     proc.returncode = code = os.waitstatus_to_exitcode(status)
-                    sampler.stop()
-                    peak_mb = max(usage.ru_maxrss, sampler.peak_kb) // 1024
                 finally:
-                    sampler.stop()
+                    if sampler is not None:
+                        sampler.stop()
                     with self._lock:
                         self._procs.discard(proc)
             end = time.monotonic()
             duration = end - start
-            cpu_s = self.cpu.cpu_s(group) if group is not None else None
+            cpu_s = self.accounting.cpu_s(groups)
+            peak_mb = self.accounting.peak_mb(groups) if sampler is None else sampler.peak_kb // 1024
             if stamps is not None:
                 stamps.update(process_start=start, process_end=end)
             stderr = stderr_path.read_bytes()
@@ -210,12 +213,11 @@ class BwrapRunner:
             result = ActionResult(
                 output_tree=self.cas.put_tree(tree), exit_code=0,
                 stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
-                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb,
+                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb or 0,
                 cpu_s=round(cpu_s or 0.0, 3))
             return tree, result
         finally:
-            if group is not None:
-                self.cpu.remove(group)
+            self.accounting.remove(groups)
             rmtree(work)
 
     def stop(self) -> None:
@@ -231,12 +233,16 @@ class BwrapRunner:
 
 
 class PeakSampler(threading.Thread):
-    """The peak memory of a process tree, for the scheduler to learn. wait4's ru_maxrss stops at
-    bwrap's PID namespace (its init does not pass its children's usage on), so the tree below
-    `pid` is sampled: each process's high-water mark (VmHWM, which sampling cannot miss for a
-    long-lived compiler) and the sum of current RSS (parallel processes). A process that lives
-    less than one interval can be missed: short steps are cheap, the long compiles are the ones
-    the budget is for."""
+    """The peak memory of a process tree, where no memory cgroup can be made (cgroups.py): the
+    tree below `pid` is sampled, each process's high-water mark (VmHWM, which sampling cannot
+    miss for a process alive at one sample) and the sum of current RSS (parallel processes).
+    VmHWM belongs to the address space a process exec'd, so bgraph's own size never shows;
+    wait4's ru_maxrss is not used: it starts from the forking parent's high-water mark, and it
+    stops at bwrap's PID namespace anyway. A process that lives less than one interval can be
+    missed (the first samples come quickly, then every `interval_s`): short steps are cheap,
+    the long compiles are the ones the budget is for."""
+
+    FIRST = (0.02, 0.05, 0.1, 0.2)  # seconds after the start: short actions get a sample too
 
     def __init__(self, pid: int, interval_s: float = 0.25):
         super().__init__(daemon=True)
@@ -245,11 +251,14 @@ class PeakSampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._done.wait(self.interval_s):
+        waits = [b - a for a, b in zip((0.0, *self.FIRST), self.FIRST)]
+        while not self._done.wait(waits.pop(0) if waits else self.interval_s):
             self.peak_kb = max(self.peak_kb, _tree_memory_kb(self.pid))
 
     def stop(self) -> None:
         self._done.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout=5)
 
 
 def _tree_memory_kb(root: int) -> int:

@@ -94,3 +94,94 @@ def test_action_cpu_time_is_measured_through_the_sandbox(make_ws):
     assert re.search(r"actions' CPU \d+\.\ds", human.stderr)
     log = Path(re.search(r"executed actions and their reasons: (\S+)", human.stderr).group(1))
     assert re.search(r"ran //p:burn genrule \(\d+\.\d\ds, CPU \d+\.\d\ds, peak \d+ MiB\) — ", log.read_text())
+
+
+# -- memory -------------------------------------------------------------------------------------------
+def test_memory_peak_leaves_out_the_page_cache_the_action_still_holds(tmp_path):
+    """The kernel's peak counts page cache (files read first or written); what the group still
+    holds of it at the end is taken off. tmpfs (shmem) is memory, and stays counted."""
+    from build_graph.cgroups import MemoryAccounting
+
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "memory.max_usage_in_bytes").write_text(str(700 << 20) + "\n")
+    (v1 / "memory.stat").write_text(f"cache {250 << 20}\nrss 0\nshmem {50 << 20}\n"
+                                    f"total_cache {250 << 20}\ntotal_rss 0\ntotal_shmem {50 << 20}\n")
+    assert MemoryAccounting(tmp_path, 1).peak_mb(v1) == 700 - 200
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.peak").write_text(str((300 << 20) + 1) + "\n")
+    (v2 / "memory.stat").write_text(f"anon 0\nfile {100 << 20}\nkernel 4096\nshmem {100 << 20}\n")
+    assert MemoryAccounting(tmp_path, 2).peak_mb(v2) == 301  # rounded up: 0 would read as unmeasured
+    assert MemoryAccounting(tmp_path, 2).peak_mb(tmp_path / "gone") is None
+
+
+def test_memory_groups_are_made_below_bgraphs_own_memory_cgroup(tmp_path):
+    """cgroup v1: under this process's own memory cgroup (its limit keeps holding the actions),
+    and the action joins the cpuacct group and the memory group both."""
+    from build_graph.cgroups import Accounting, CpuAccounting, MemoryAccounting, _own_v1_path
+
+    (tmp_path / "cgroup").write_text("4:memory:/ci/job-7\n3:cpu,cpuacct:/\n0::/\n")
+    assert _own_v1_path(tmp_path / "cgroup", "memory") == "ci/job-7"
+    assert _own_v1_path(tmp_path / "cgroup", "cpuacct") == ""
+    assert _own_v1_path(tmp_path / "cgroup", "pids") is None
+    root = tmp_path / "sys"
+    (root / "memory" / "ci" / "job-7").mkdir(parents=True)
+    (root / "memory" / "memory.max_usage_in_bytes").write_text("0\n")
+    # Not a cgroup file system, so nothing can be started in a group here: no accounting.
+    assert MemoryAccounting.probe(root=root, self_cgroup=tmp_path / "cgroup") is None
+    root = tmp_path / "sys2"  # a fake hierarchy in which groups are plain directories
+    accounting = Accounting(CpuAccounting(root / "cpuacct" / "bgraph", 1),
+                            MemoryAccounting(root / "memory" / "ci" / "job-7" / "bgraph", 1))
+    (root / "cpuacct" / "bgraph").mkdir(parents=True)
+    (root / "memory" / "ci" / "job-7" / "bgraph").mkdir(parents=True)
+    groups = accounting.new_groups()
+    assert set(groups) == {"cpu", "memory"} and groups["memory"].parent == root / "memory/ci/job-7/bgraph"
+    argv = accounting.wrap(groups, ["bwrap", "--", "cc"])
+    assert argv[-3:] == ["bwrap", "--", "cc"]
+    assert {str(groups["cpu"] / "cgroup.procs"), str(groups["memory"] / "cgroup.procs")} <= set(argv)
+    accounting.remove(groups)
+    assert not groups["cpu"].exists() and not groups["memory"].exists()
+    # cgroup v2: one group per action for both (a process is in one v2 group only).
+    shared = Accounting(CpuAccounting(root / "v2" / "bgraph-actions", 2), MemoryAccounting(root / "v2" / "bgraph-actions", 2))
+    (root / "v2" / "bgraph-actions").mkdir(parents=True)
+    groups = shared.new_groups()
+    assert groups["cpu"] == groups["memory"] and accounting.wrap(groups, ["x"]).count(str(groups["cpu"] / "cgroup.procs")) == 1
+    shared.remove(groups)
+
+
+def test_the_join_script_starts_the_command_in_each_group(tmp_path):
+    """The action's first process writes its pid into every group's cgroup.procs, then execs."""
+    from build_graph.cgroups import _wrap
+
+    a, b = tmp_path / "a.procs", tmp_path / "b.procs"
+    out = __import__("subprocess").run(_wrap([a, b], ["/bin/sh", "-c", 'echo "$$ $1"', "sh", "-- x"]),
+                                       capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    pid, arg = out.stdout.split(" ", 1)
+    assert a.read_text().strip() == b.read_text().strip() == pid  # the same process, which became the command
+    assert arg.strip() == "-- x"
+    failing = __import__("subprocess").run(_wrap([tmp_path / "missing" / "procs"], ["/bin/true"]), capture_output=True)
+    assert failing.returncode == 125
+
+
+@requires_bwrap
+def test_action_memory_is_measured_through_a_memory_cgroup(make_ws):
+    from build_graph.cgroups import Accounting
+
+    accounting = Accounting.probe()
+    if accounting.memory is None:
+        pytest.skip(no_cgroup_reason().replace("per-action CPU time is untested (reported as 0)",
+                                               "per-action memory is sampled, not measured through a cgroup"))
+    ws = make_ws({"targets/p.toml": '''[tmpfs]
+kind = "genrule"
+outs = ["o.txt"]
+cmd = "head -c 200000000 /dev/zero > /tmp/big && head -c 100000000 /dev/zero > $OUT/o.txt"
+'''})
+    run = ws.build("//p:tmpfs")
+    assert run.rc == 0, run.output
+    # 190 MiB in the sandbox's tmpfs /tmp is memory; the 95 MiB output file is page cache.
+    assert 180 <= action(run.json, "//p:tmpfs")["peak_mb"] <= 250, run.json
+    left = [g for g in accounting.memory.base.iterdir() if g.is_dir()
+            and g.name.partition("-")[0].isdigit() and not Path(f"/proc/{g.name.partition('-')[0]}").exists()]
+    assert left == []
