@@ -204,9 +204,10 @@ class Fetcher:
                 break
             problems.append(problem)
         else:
+            missing = any("does not answer" not in p for p in problems)
             raise FetchError(f"no mirror could give it: {'; '.join(problems) or 'no mirror configured'}", where=what,
-                             hint="a mirror keeps only current versions: re-lock with `bgraph deb lock`; "
-                                  + MIRROR_HINT)
+                             hint=("mirrors keep only current versions: re-lock with `bgraph deb lock`, or fetch "
+                                   "from a cache that holds it" if missing else MIRROR_HINT))
         tree = Tree({spec["filename"]: entry})
         result = ActionResult(self.cas.put_tree(tree), 0, self.cas.put_bytes(b"").digest,
                               self.cas.put_bytes(f"{url}\n".encode()).digest, round(time.monotonic() - start, 3), 1)

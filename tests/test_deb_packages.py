@@ -510,8 +510,21 @@ def test_fetch_mirror_does_not_answer(make_ws, mirror):
     pool = f"pool/main/b/base-lib/base-lib_1.0_{ARCH}.deb"
     assert f"package base-lib ({pool})" in line
     assert f"{dead}/{pool} does not answer" in line and "Connection refused" in line
-    assert "re-lock with `bgraph deb lock`" in run.stderr  # the hint
+    assert "hint: check the network and the mirror" in run.stderr
     only_sources_added(ws, before, ["WORKSPACE.toml", "toolchains/base.lock.json"])
+    assert ws.ac_entries() == set()
+
+
+def test_deb_gone_from_the_mirror(make_ws, mirror):
+    ws = deb_ws(make_ws, [mirror.url], target("base", ["base-lib"]))
+    assert ws.cli("deb", "lock").rc == 0
+    pool = f"pool/main/b/base-lib/base-lib_1.0_{ARCH}.deb"
+    (mirror.root / pool).unlink()
+    run = ws.build("//debs:base")
+    assert run.rc == 1
+    line = one_error_line(run)
+    assert f"package base-lib ({pool}): no mirror could give it: {mirror.url}/{pool}: HTTP 404" in line
+    assert "re-lock with `bgraph deb lock`" in run.stderr
     assert ws.ac_entries() == set()
 
 

@@ -13,3 +13,12 @@ is named anywhere: mirrors come from configuration, and a lock stores pool paths
 
 # bgraph platforms and the Debian architectures their packages are built for.
 DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+from build_graph.errors import BgraphError  # noqa: E402
+
+
+class LockError(BgraphError):
+    """A lock that cannot be made (unknown package, unsatisfiable dependency) or read."""
+
+    layer = "lock"

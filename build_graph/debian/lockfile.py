@@ -25,9 +25,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
-from build_graph.debian.index import Candidate
-from build_graph.debian.resolve import LockError
+from build_graph.debian import LockError
+
+if TYPE_CHECKING:  # the rule reads locks at load time: keep requests and the index parser out
+    from build_graph.debian.index import Candidate
 
 LOCK_VERSION = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -44,7 +47,7 @@ class LockEntry:
     size: int
 
     @classmethod
-    def of(cls, c: Candidate) -> "LockEntry":
+    def of(cls, c: "Candidate") -> "LockEntry":
         return cls(c.package, c.version, c.architecture, c.suite, c.filename, c.sha256, c.size)
 
     @property

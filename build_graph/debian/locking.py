@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from build_graph.debian import DEB_ARCH
+from build_graph.debian import DEB_ARCH, LockError
 from build_graph.debian.index import Index, fetch_index, session
 from build_graph.debian.lockfile import LockEntry, PlatformLock, diff, parse, render
-from build_graph.debian.resolve import LockError, resolve
+from build_graph.debian.resolve import resolve
 from build_graph.debian.sources import APT_ETC, configured_sources, suites_in_order
 from build_graph.errors import UsageError, where
 from build_graph.labels import Label

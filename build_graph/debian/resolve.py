@@ -17,14 +17,10 @@ from dataclasses import dataclass, field
 from debian.deb822 import PkgRelation
 from debian.debian_support import Version
 
+from build_graph.debian import LockError
 from build_graph.debian.index import Candidate, Index
-from build_graph.errors import BgraphError
 
 OPS = {"<<": operator.lt, "<=": operator.le, "=": operator.eq, ">=": operator.ge, ">>": operator.gt}
-
-
-class LockError(BgraphError):
-    layer = "lock"
 
 
 def satisfies(version: str, constraint: tuple[str, str] | None) -> bool:
