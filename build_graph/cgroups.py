@@ -30,6 +30,11 @@ from pathlib import Path
 JOIN_AND_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
+# Group names are "<pid>-<n>": n from one counter per process, so two accounting objects (two
+# runners made at once by two action threads) never pick the same name.
+_IDS = itertools.count()
+
+
 def _wrap(procs_files: list[Path], argv: list[str]) -> list[str]:
     return ["/bin/sh", "-c", JOIN_AND_EXEC, "bgraph-join", *map(str, procs_files), "--", *argv]
 
@@ -39,10 +44,9 @@ class _Groups:
 
     def __init__(self, base: Path, version: int):
         self.base, self.version = base, version
-        self._ids = itertools.count()
 
     def new_group(self) -> Path:
-        group = self.base / f"{os.getpid()}-{next(self._ids)}"
+        group = self.base / f"{os.getpid()}-{next(_IDS)}"
         group.mkdir()
         return group
 
