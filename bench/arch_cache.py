@@ -582,6 +582,8 @@ class BgraphBuilder:
         (self.root / "targets").mkdir(parents=True)
         shutil.copy(self.src_root / "WORKSPACE.toml", self.root / "WORKSPACE.toml")
         shutil.copy(self.src_root / "targets" / "toolchains.toml", self.root / "targets" / "toolchains.toml")
+        if (self.src_root / "toolchains").is_dir():  # the Debian locks of the pinned systems
+            shutil.copytree(self.src_root / "toolchains", self.root / "toolchains")
         write_sources(self.root, self.tus, SCALE_BEFORE)
         self.write_target()
 
@@ -686,6 +688,8 @@ def main() -> int:
         (setup_ws / "targets").mkdir(parents=True)
         shutil.copy(src_root / "WORKSPACE.toml", setup_ws / "WORKSPACE.toml")
         shutil.copy(src_root / "targets" / "toolchains.toml", setup_ws / "targets" / "toolchains.toml")
+        if (src_root / "toolchains").is_dir():
+            shutil.copytree(src_root / "toolchains", setup_ws / "toolchains")
         t0 = time.monotonic()
         _, p = run([*bg_cmd, "-C", str(setup_ws), "--cache-dir", str(template), "build", f"-j{args.jobs}", "--json",
                     "//toolchains:cuda-13.0", "//toolchains:cuobjdump"], env=bg_env)

@@ -113,6 +113,7 @@ class BgraphBuilder:
         (self.ws / "targets").mkdir(parents=True)
         shutil.copy(REPO / "WORKSPACE.toml", self.ws)
         shutil.copy(REPO / "targets" / "toolchains.toml", self.ws / "targets")
+        shutil.copytree(REPO / "toolchains", self.ws / "toolchains")
         (self.ws / "targets" / "demo.toml").write_text(TARGET)
         shutil.copytree(PROJECT, self.ws / "demo")
         self.last: dict = {}

@@ -28,6 +28,7 @@ def generate(root: Path, n: int) -> None:
     (root / "src").mkdir()
     shutil.copy(REPO / "WORKSPACE.toml", root / "WORKSPACE.toml")
     shutil.copy(REPO / "targets" / "toolchains.toml", root / "targets" / "toolchains.toml")
+    shutil.copytree(REPO / "toolchains", root / "toolchains")
     rules, ninja = [], ["rule cp\n  command = cp $in $out\n"]
     for i in range(n):
         (root / "src" / f"f{i}.txt").write_text(f"{i}\n")

@@ -80,6 +80,15 @@ def workspace_copy(dest: Path, root: Path = REPO) -> Path:
     return dest
 
 
+def copy_toolchains(dest: Path, root: Path = REPO) -> None:
+    """This workspace's WORKSPACE.toml, targets/toolchains.toml and the Debian locks its pinned
+    systems need (toolchains/), into the workspace at `dest`."""
+    (dest / "targets").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "WORKSPACE.toml", dest / "WORKSPACE.toml")
+    shutil.copy(root / "targets" / "toolchains.toml", dest / "targets" / "toolchains.toml")
+    shutil.copytree(root / "toolchains", dest / "toolchains", dirs_exist_ok=True)
+
+
 def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The test process's environment minus what could leak host configuration into bgraph."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BGRAPH_", "PIP_"))}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bgraph_testlib import REPO, WS
+from bgraph_testlib import REPO, WS, copy_toolchains
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -32,8 +32,7 @@ COMPILES = ("CudaHostPreprocess", "CudaDevicePreprocess", "CudaFrontend", "CudaC
 
 def new_ws(root: Path, cache: Path) -> WS:
     (root / "targets").mkdir(parents=True)
-    shutil.copy(REPO / "WORKSPACE.toml", root / "WORKSPACE.toml")
-    shutil.copy(REPO / "targets" / "toolchains.toml", root / "targets" / "toolchains.toml")
+    copy_toolchains(root)
     (root / "targets" / "demo.toml").write_text(TARGET)
     shutil.copytree(REPO / "tests" / "data" / "cmake_project", root / "demo")
     return WS(root, cache)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bgraph_testlib import copy_toolchains
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -40,8 +42,7 @@ __global__ void add(int* y) { y[0] += ONLY_B; }
 def write_workspace(root: Path, archs: str = '["12.0a", "12.1a"]', copts: str = "[]") -> Path:
     (root / "targets").mkdir(parents=True, exist_ok=True)
     (root / "k").mkdir(exist_ok=True)
-    shutil.copy(REPO / "WORKSPACE.toml", root / "WORKSPACE.toml")
-    shutil.copy(REPO / "targets" / "toolchains.toml", root / "targets" / "toolchains.toml")
+    copy_toolchains(root)
     (root / "k" / "a.cu").write_text(KERNEL_A)
     (root / "k" / "b.cu").write_text(KERNEL_B)
     (root / "k" / "common.cuh").write_text("#pragma once\n#define COMMON 1\n")

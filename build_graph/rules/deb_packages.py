@@ -32,7 +32,7 @@ from pydantic import Field, field_validator, model_validator
 from build_graph.debian import DEB_ARCH, lockfile, rootfs
 from build_graph.debian.lockfile import LockEntry
 from build_graph.model import TargetOutput
-from build_graph.rules.base import Attrs, Parallel, PlanGen, RuleContext, fetch
+from build_graph.rules.base import SYSTEM_ROOT, Attrs, Parallel, PlanGen, RuleContext, fetch
 from build_graph.workspace import DebianSection
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy 5.6.1
@@ -126,7 +126,9 @@ def plan_deb_packages(ctx: RuleContext) -> PlanGen:
         tree = rootfs.assemble({e.package: t for e, t in zip(locked.packages, trees)}, attrs.prefer, attrs.links)
     except rootfs.RootfsError as e:
         raise ctx.fail(str(e), e.key, e.hint) from None
-    return TargetOutput(tree, {"architecture": arch, "packages": {e.package: e.version for e in locked.packages}})
+    # As a `tools`/`host` target, the tree is the system an action runs on (rules/base.py SYSTEM_ROOT).
+    return TargetOutput(tree, {"architecture": arch, "packages": {e.package: e.version for e in locked.packages},
+                               SYSTEM_ROOT: tree})
 
 
 def _unpacked(ctx: RuleContext, entry: LockEntry, mirrors: list[str]) -> PlanGen:
