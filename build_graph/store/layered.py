@@ -30,6 +30,7 @@ class RemoteStats:
     misses: int = 0
     ignored: int = 0
     uploaded: int = 0
+    backfilled: int = 0  # local hits uploaded because the remote lacked them
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
     ignored_why: list[str] = field(default_factory=list)
@@ -57,6 +58,8 @@ class LayeredActionCache:
     def get(self, key: str) -> ActionResult | None:
         result = self.local.get(key)
         if result is not None:
+            if self.upload:
+                self._backfill(key, result)
             return result
         try:
             read = self._read_entry(key, "result")
@@ -110,7 +113,27 @@ class LayeredActionCache:
             self.warn_once(f"ignored:{e}", f"remote cache: ignored a depfile manifest ({e})")
             return entries
         seen = {e.get("key") for e in entries}
+        theirs = {e.get("key") for e in remote}
+        if self.upload and seen - theirs:  # backfill: what this cache knows and the remote lacks
+            try:
+                self._write_entry(self._manifest_key(prekey), "manifest",
+                                  (entries + [e for e in remote if e.get("key") not in seen])[:8])
+            except RemoteUnavailable as e:
+                self._unavailable(e)
         return entries + [e for e in remote if e.get("key") not in seen]
+
+    def _backfill(self, key: str, result: ActionResult) -> None:
+        """Upload a local hit the remote lacks (Bazel uploads only what it executes): a build with
+        upload on a warm local cache fills an empty remote without rebuilding anything."""
+        try:
+            if self.remote.get_entry(key) is not None:
+                return
+            sizes = self._push(result)
+            if sizes is not None:
+                self._write_entry(key, "result", result.to_json(), sizes)
+                self.stats.backfilled += 1
+        except RemoteUnavailable as e:
+            self._unavailable(e)
 
     def add_manifest(self, prekey: str, entry: dict, keep: int = 8) -> None:
         self.local.add_manifest(prekey, entry, keep)
