@@ -119,8 +119,7 @@ def _tar_members(tf: tarfile.TarFile, archive: str, cas, root_links: bool = Fals
             entry = seen[target]
         elif m.isreg():
             f = tf.extractfile(m)
-            data = f.read() if f else b""
-            entry = cas.put_bytes(data, executable=bool(m.mode & 0o100))
+            entry = cas.put_stream(f, executable=bool(m.mode & 0o100)) if f else cas.put_bytes(b"")
         else:
             raise ArchiveError(f"entry {m.name!r} is a device or fifo; refused", where=archive)
         seen[name] = entry
@@ -139,6 +138,9 @@ class _HeldBack:
         digest = self.cas.digester.of(data)
         self.held[digest] = data
         return FileEntry(digest, len(data), executable)
+
+    def put_stream(self, src, executable: bool = False) -> FileEntry:
+        return self.put_bytes(src.read(), executable)
 
     def commit(self) -> None:
         for data in self.held.values():
@@ -190,7 +192,8 @@ def _zip_entries(path: str, archive: str, cas: LocalCas) -> Iterator[tuple[str, 
                 _check_link(name, target, archive)
                 yield name, SymlinkEntry(target)
             else:
-                yield name, cas.put_bytes(zf.read(info), executable=bool(mode & 0o100))
+                with zf.open(info) as member:  # a chunk at a time (see LocalCas.put_stream)
+                    yield name, cas.put_stream(member, executable=bool(mode & 0o100))
 
 
 def extract(cas: LocalCas, action: Action) -> tuple[Tree, ActionResult]:

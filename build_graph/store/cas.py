@@ -251,6 +251,30 @@ class LocalCas:
             self._refresh(digest)
         return FileEntry(digest, len(data), executable)
 
+    def put_stream(self, src, executable: bool = False) -> FileEntry:
+        """Store what a file object reads (an archive member), a chunk at a time: a member of
+        half a gigabyte (torch's and CUDA's libraries) is never held in memory whole."""
+        first = src.read(CHUNK)
+        second = src.read(CHUNK) if first else b""
+        if not second:  # a small member (most are): hashed first, written only if new
+            return self.put_bytes(first, executable)
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        h, size = self.digester.new(), 0
+        try:
+            with os.fdopen(fd, "wb") as dst:
+                chunk = first
+                while chunk:
+                    h.update(chunk)
+                    dst.write(chunk)
+                    size += len(chunk)
+                    chunk, second = second, (src.read(CHUNK) if second else b"")
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        digest = h.hexdigest()
+        self._install(tmp, digest, size)
+        return FileEntry(digest, size, executable)
+
     def _refresh(self, digest: str) -> None:
         """Mark a blob this build stored again (its bytes were present) as in use: its ctime
         becomes newer than this build's lease, and a collection keeps what is newer."""
