@@ -52,46 +52,70 @@ def pins_named(value, pins) -> set[str]:
     return set()
 
 
+def expected_fetches(workspace, closure, platform) -> dict[str, tuple[str, str, str]]:
+    """'label fetch NAME' -> (file name, sha256, source) for every file the targets in `closure`
+    pin for `platform`: the WORKSPACE.toml pins their attributes name, and the .deb files their
+    Debian lock files hold for it. Fails where a pin has no file for the platform."""
+    from build_graph.debian import DEB_ARCH
+    from build_graph.debian.lockfile import parse as parse_lock
+    all_pins = set(workspace.model.pins)
+    files = {}
+    for label in closure:
+        target = workspace.targets[label]
+        if target.kind == "deb_packages":
+            lock = target.attrs.lock
+            locked = parse_lock((workspace.root / lock).read_text(), where=lock).get(platform)
+            assert locked is not None, f"{lock} has no packages for {platform}"
+            for e in locked.packages:
+                assert e.architecture in (DEB_ARCH[platform], "all"), (lock, platform, e)
+                files[f"{label} fetch {e.basename}"] = (e.basename, e.sha256, "debian")
+            continue
+        for name in sorted(pins_named(target.attrs.model_dump(), all_pins)):
+            pin = workspace.pin(name)
+            try:
+                f = pin.for_platform(platform)
+            except KeyError:
+                pytest.fail(f"pin {name!r} (needed by {label}) has no file for {platform}")
+            files[f"{label} fetch {name}"] = (f.filename or f.url.rsplit("/", 1)[-1], f.sha256, pin.kind)
+    return files
+
+
 def test_all_three_wheels_resolve_for_both_platforms(ws, tmp_path):
-    """For each wheel and platform, every pin its dependency closure names resolves to a file
-    for that platform: a wheel tagged for that CPU (or for any), never the other CPU's. The
-    fetches a dry run plans (the targets that wait on no other) are keyed on exactly that file
-    (its name and sha256); a pin without a file for the platform is an error."""
+    """For each wheel and platform, every file its dependency closure pins (WORKSPACE.toml's pins,
+    the Debian lock files) resolves for that platform: a wheel tagged for that CPU (or for any), a
+    .deb of its Debian architecture (or all), never the other CPU's. The fetches a dry run plans
+    (the targets that wait on no other) are exactly of those files, keyed on their name and sha256;
+    a pin without a file for the platform is an error."""
     from build_graph.labels import parse_label
     from build_graph.model import Digester
     from build_graph.rules.base import fetch
     from build_graph.workspace import load
     workspace = load(ws)
     digester = Digester(workspace.digest_function)
-    all_pins = set(workspace.model.pins)
     torch_env = workspace.targets[parse_label("//vllm:torch-env")].attrs.wheels
     assert len(torch_env) == 29
     for wheel in WHEELS:
         query = bgraph(ws, tmp_path / "cache", "query", f"deps(//wheels:{wheel})")
         assert query.returncode == 0, query.stderr
         closure = [parse_label(line) for line in query.stdout.split()]
-        named = set().union(*(pins_named(workspace.targets[t].attrs.model_dump(), all_pins) for t in closure))
-        assert set(torch_env) | {"vllm-sdist", "flashinfer-sdist", "cmake", "ninja", "cuda-nvcc-13-0"} <= named
         for platform in PLATFORMS:
             other = next(p for p in PLATFORMS if p != platform)
-            files = {}
-            for name in sorted(named):
-                try:
-                    f = workspace.pin(name).for_platform(platform)
-                except KeyError:
-                    pytest.fail(f"pin {name!r} (needed by //wheels:{wheel}) has no file for {platform}")
-                files[name] = filename = f.filename or f.url.rsplit("/", 1)[-1]
+            files = expected_fetches(workspace, closure, platform)
+            pinned = {name.rsplit(" fetch ", 1)[1] for name in files}
+            assert set(torch_env) | {"vllm-sdist", "flashinfer-sdist", "cmake", "ninja", "cuda-nvcc-13-0"} <= pinned
+            assert sum(name.endswith(".deb") for name in pinned) > 50, (wheel, platform)
+            for name, (filename, _sha, _source) in files.items():
                 if filename.endswith(".whl"):
                     tags = filename[:-4].split("-")[-1]
                     assert platform in tags or tags == "any", (wheel, platform, filename)
                 assert other not in filename, (wheel, platform, filename)
-            fetches = planned_fetches(ws, tmp_path / "cache", wheel, platform)
-            planned = {name.split(" fetch ", 1)[1]: key for name, key in fetches.items()}
-            assert set(torch_env) | {"vllm-sdist", "cmake"} <= set(planned) <= named, (wheel, platform)
+            planned = planned_fetches(ws, tmp_path / "cache", wheel, platform)
+            assert set(planned) <= set(files), set(planned) - set(files)
+            assert {f"//vllm:torch-env fetch {n}" for n in torch_env} <= set(planned), (wheel, platform)
+            assert any(name.startswith("//toolchains:host-cc fetch gcc-12_") for name in planned), (wheel, platform)
             for name, key in planned.items():
-                pin = workspace.pin(name)
-                expected = fetch("", files[name], pin.for_platform(platform).sha256, pin.kind).key(digester)
-                assert key == expected, (wheel, platform, name, files[name])
+                filename, sha256, source = files[name]
+                assert key == fetch("", filename, sha256, source).key(digester), (wheel, platform, name)
     # A pin with no file for the platform asked for is an error naming the pin and the platform.
     broken = workspace_copy(tmp_path / "broken")
     text = (broken / "WORKSPACE.toml").read_text()
@@ -106,19 +130,32 @@ def test_all_three_wheels_resolve_for_both_platforms(ws, tmp_path):
 def test_the_aarch64_graph_plans_every_pin_for_aarch64(ws, tmp_path):
     """`--dry-run --platform aarch64`: the fetches planned for the wheel's closure (those of
     targets that wait on no other target's output) resolve a pinned file for aarch64 (a pin
-    without one is an error), and the platform-specific ones get other keys."""
+    without one is an error), and the platform-specific ones get other keys: the same pins,
+    and Debian packages of the other architecture (an `all` package is the same file)."""
     keys = {}
     for platform in PLATFORMS:
         fetches = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", platform)
         assert len(fetches) >= 33
         keys[platform] = fetches
-    assert keys["x86_64"].keys() == keys["aarch64"].keys()
-    differ = {name for name in keys["x86_64"] if keys["x86_64"][name] != keys["aarch64"][name]}
+    debs = {p: {n: k for n, k in keys[p].items() if n.endswith(".deb")} for p in PLATFORMS}
+    pins = {p: {n: k for n, k in keys[p].items() if n not in debs[p]} for p in PLATFORMS}
+    assert pins["x86_64"].keys() == pins["aarch64"].keys()
+    differ = {name for name in pins["x86_64"] if pins["x86_64"][name] != pins["aarch64"][name]}
     assert {"//vllm:torch-env fetch py-torch", "//vllm:torch-env fetch py-triton",
             "//toolchains:cmake-wheel fetch cmake"} <= differ
     assert "//sources:vllm-sdist fetch vllm-sdist" not in differ  # an sdist is the same file everywhere
-    assert not (tmp_path / "cache" / "v1" / "blake3" / "cas").exists() or not any(
-        (tmp_path / "cache" / "v1" / "blake3" / "cas").rglob("*")), "a dry run downloaded something"
+    assert all(n.endswith(("_arm64.deb", "_all.deb")) for n in debs["aarch64"]), debs["aarch64"]
+    assert all(n.endswith(("_amd64.deb", "_all.deb")) for n in debs["x86_64"]), debs["x86_64"]
+    arch_free = {n for n in debs["aarch64"] if n.endswith("_all.deb")}
+    assert arch_free and all(debs["aarch64"][n] == debs["x86_64"][n] for n in arch_free)
+    assert any(n.startswith("//toolchains:host-cc fetch gcc-12_") for n in debs["aarch64"])
+    # A dry run stores the workspace files its plans read (lock files, WORKSPACE.toml), and nothing else.
+    from build_graph.model import Digester
+    b3 = Digester("blake3")
+    workspace_files = {b3.of(p.read_bytes()) for p in ws.rglob("*") if p.is_file() and not p.is_symlink()}
+    cas = tmp_path / "cache" / "v1" / "blake3" / "cas"
+    stored = {p.parent.name + p.name for p in cas.rglob("*") if p.is_file()}  # cas/ab/cdef…
+    assert stored <= workspace_files, f"a dry run downloaded something: {len(stored - workspace_files)} blob(s)"
     refused = bgraph(ws, tmp_path / "cache", "build", "--platform", "aarch64", "//wheels:vllm-sm121")
     assert refused.returncode == 2 and "no cross-builds yet" in refused.stderr
 
