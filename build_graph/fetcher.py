@@ -122,6 +122,24 @@ def _links(html: str, base: str):
     return [(p.filename, p.url) for p in page.packages]
 
 
+def _stream(url: str, session: requests.Session, out, h) -> int | None:
+    """Copy `url` (http(s) or file:) into `out`, hashing it with `h`: None when done, else the
+    HTTP status that refused it."""
+    if url.startswith("file:"):
+        with open(_local_path(url), "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+        return None
+    with session.get(url, stream=True, timeout=120) as r:
+        if not r.ok:
+            return r.status_code
+        for chunk in r.iter_content(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    return None
+
+
 class Fetcher:
     """Runs fetch actions; verifies the pinned sha256 while streaming into the CAS."""
 
@@ -161,18 +179,9 @@ class Fetcher:
         h = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as out:
-                if url.startswith("file:"):
-                    with open(_local_path(url), "rb") as f:
-                        while chunk := f.read(1 << 20):
-                            h.update(chunk)
-                            out.write(chunk)
-                else:
-                    with self.session.get(url, stream=True, timeout=120) as r:
-                        if not r.ok:
-                            raise FetchError(f"HTTP {r.status_code} for {url}", where=what)
-                        for chunk in r.iter_content(1 << 20):
-                            h.update(chunk)
-                            out.write(chunk)
+                refused = _stream(url, self.session, out, h)
+            if refused is not None:
+                raise FetchError(f"HTTP {refused} for {url}", where=what)
             got = h.hexdigest()
             if got != sha256:
                 raise FetchError(f"sha256 mismatch for {url}: expected {sha256}, got {got}; nothing was stored",
@@ -222,18 +231,9 @@ class Fetcher:
         h = hashlib.sha256()
         try:
             with os.fdopen(fd, "wb") as out:
-                if url.startswith("file:"):
-                    with open(_local_path(url), "rb") as f:
-                        while chunk := f.read(1 << 20):
-                            h.update(chunk)
-                            out.write(chunk)
-                else:
-                    with self._deb_session.get(url, stream=True, timeout=120) as r:
-                        if not r.ok:
-                            return None, f"{url}: HTTP {r.status_code}"
-                        for chunk in r.iter_content(1 << 20):
-                            h.update(chunk)
-                            out.write(chunk)
+                refused = _stream(url, self._deb_session, out, h)
+            if refused is not None:
+                return None, f"{url}: HTTP {refused}"
             if h.hexdigest() != sha256:
                 raise FetchError(f"{url} does not match its pin: expected sha256 {sha256}, got {h.hexdigest()}; "
                                  "nothing was stored", where=what,
