@@ -49,11 +49,13 @@ def cmd_build(args, console: Console) -> int:
 
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
-    platform = args.platform or host_platform()
-    if platform != host_platform() and not args.dry_run:
-        raise PlanError(f"cannot build for {platform} on this {host_platform()} machine (no cross-builds yet)",
-                        hint=f"plan it with `bgraph build --dry-run --platform {platform} …`: every pin and key "
-                             "is resolved for that platform, nothing runs")
+    exec_platform = args.host_platform or host_platform()
+    if exec_platform != host_platform() and not args.dry_run:
+        raise PlanError(f"cannot run actions for an {exec_platform} host on this {host_platform()} machine",
+                        hint=f"plan it with `bgraph build --dry-run --host-platform {exec_platform} …`: every pin "
+                             f"and key is resolved as on that machine, nothing runs; to build for {exec_platform} "
+                             f"here, give --platform {exec_platform}")
+
     overrides = {k: v for k, v in (("url", args.remote_cache), ("signing_key", args.remote_signing_key))
                  if v is not None}
     if args.remote_upload:
@@ -66,7 +68,8 @@ def cmd_build(args, console: Console) -> int:
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
-        check_sample=args.check_sample, dry_run=args.dry_run, platform=platform, profile=bool(args.profile))
+        check_sample=args.check_sample, dry_run=args.dry_run, platform=args.platform, exec_platform=exec_platform,
+        profile=bool(args.profile))
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
     other_cache = _other_cache(ws, args.check_against) if args.check_against else None
@@ -101,6 +104,8 @@ def cmd_build(args, console: Console) -> int:
                 if a["status"] == "would-run":
                     out.print(f"would run {a['label']} {_escape(a['name'])} — {_escape(a['reason'])}", highlight=False)
         print_summary(console, summary)
+        for label, link in summary.get("outputs", {}).items():  # which platform each is for: its path says
+            console.print(f"[dim]{_escape(label)}:[/] {_escape(os.path.relpath(link))}", highlight=False)
         if compared is not None:
             console.print(f"compared {compared} action(s) with {args.check_against}: "
                           f"{len(summary['differing'])} differing", highlight=False)
@@ -366,7 +371,11 @@ def parser() -> argparse.ArgumentParser:
                    help="plan and look up the cache, run nothing: list the actions that would run "
                         "(those that wait on their outputs cannot be planned yet)")
     b.add_argument("--platform", choices=["x86_64", "aarch64"],
-                   help="the host platform to plan for (default: this machine's); another one only with --dry-run")
+                   help="the platform to build for (default: each target's own `platform`, else the host's); "
+                        "another CPU than the host's is a cross build; outputs go to bgraph-out/<platform>/…")
+    b.add_argument("--host-platform", choices=["x86_64", "aarch64"],
+                   help="the machine actions run on (default: this one); another one only with --dry-run, "
+                        "to plan what that machine would run")
     b.add_argument("--remote-cache", metavar="URL",
                    help="shared cache behind the local one: http(s)://host:port/prefix ('' turns it off)")
     b.add_argument("--remote-upload", action="store_true", help="write results to the remote cache (meant for CI)")

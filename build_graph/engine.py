@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from build_graph import archive
+from build_graph import archive, configs
 from build_graph.errors import ActionFailed, BgraphError, PlanError, disk_full
-from build_graph.graph import dependency_map, deps_in_order
+from build_graph.graph import dependency_map
+from build_graph.configs import Configured
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
 from build_graph.planner import TargetPlan, expand_sources, plan_target
@@ -53,18 +54,19 @@ class BuildOptions:
     check_sample: int | None = None
     dry_run: bool = False  # plan and look up the cache; run nothing
     remote: Any = None  # a workspace.RemoteSection with a url: the shared cache behind the local one
-    platform: str = field(default_factory=host_platform)
+    platform: str | None = None  # --platform: every target's target platform (else its own, else exec_platform)
+    exec_platform: str = field(default_factory=host_platform)  # where actions run (another: plan only)
     profile: bool = False  # collect the build's timeline (--profile)
 
 
 @dataclass
 class BuildResult:
     records: list[ActionRecord]
-    outputs: dict[Label, TargetOutput]
+    outputs: configs.Outputs  # configured target -> output (a plain Label finds its one configuration)
     failures: list[BgraphError]
     wall_s: float
-    requested: list[Label]
-    unplanned: list[Label] = field(default_factory=list)  # --dry-run: targets waiting on a miss
+    requested: list[configs.Configured]
+    unplanned: list[configs.Configured] = field(default_factory=list)  # --dry-run: targets waiting on a miss
     remote: dict[str, Any] | None = None  # what the remote cache did, when one is configured
     profile: Profile | None = None  # the timeline, under --profile
 
@@ -94,17 +96,17 @@ class BuildResult:
 
 class Reporter(Protocol):
     def start(self, total_targets: int) -> None: ...
-    def action_started(self, label: Label, action: Action) -> None: ...
+    def action_started(self, label: Configured, action: Action) -> None: ...
     def action_done(self, record: ActionRecord) -> None: ...
-    def target_done(self, label: Label) -> None: ...
+    def target_done(self, label: Configured) -> None: ...
     def finish(self) -> None: ...
 
 
 class NullReporter:
     def start(self, total_targets: int) -> None: ...
-    def action_started(self, label: Label, action: Action) -> None: ...
+    def action_started(self, label: Configured, action: Action) -> None: ...
     def action_done(self, record: ActionRecord) -> None: ...
-    def target_done(self, label: Label) -> None: ...
+    def target_done(self, label: Configured) -> None: ...
     def finish(self) -> None: ...
 
 
@@ -175,7 +177,7 @@ class Engine:
             return False
         return sample is None or key in sample
 
-    def _sample_keys(self, order: list[Label], n: int) -> set[str]:
+    def _sample_keys(self, order: list[Configured], n: int) -> set[str]:
         """--check-sample: pick N of the actions recorded for these targets by the last build."""
         keys = sorted({a["key"] for label in order
                        for a in self.trace.load(str(label)).get("actions", {}).values()})
@@ -199,7 +201,8 @@ class Engine:
         return compared
 
     def link_outputs(self, result: BuildResult, out_dir: Path) -> dict[str, Path]:
-        """bgraph-out/<package>/<name> -> the materialized output of each requested target."""
+        """bgraph-out/<package>/<name> (bgraph-out/<platform>/<package>/<name> for another target
+        platform: configs.Configured.out_path) -> the materialized output of each requested target."""
         links = {}
         for label in result.requested:
             if label not in result.outputs:
@@ -207,7 +210,7 @@ class Engine:
             tree = result.outputs[label].tree
             self.cas.put_tree(tree)  # so `bgraph cache gc` can keep the blobs of a rooted tree
             path = self.cas.materialize(tree)
-            link = out_dir / label.package / label.name
+            link = out_dir / label.out_path()
             link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink() or link.exists():
                 link.unlink()
@@ -250,27 +253,29 @@ class _BuildRun:
 
     def __init__(self, engine: Engine, labels: list[Label]):
         self.e = engine
-        self.labels = labels
-        self.order = deps_in_order(engine.dep_map, labels)
+        opts = engine.options
+        self.labels = configs.requested(engine.ws, labels, opts.exec_platform, opts.platform)
+        self.graph = configs.configure(engine.ws, self.labels, opts.platform)
+        self.order = self.graph.order
         for label in self.order:  # a missing source is a load error: report it before running anything
-            expand_sources(engine.ws, engine.ws.targets[label])
-        self.outputs: dict[Label, TargetOutput] = {}
+            expand_sources(engine.ws, engine.ws.targets[label.label])
+        self.outputs = configs.Outputs()
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
-        self.failed: set[Label] = set()
-        self.dirty: set[Label] = set()  # targets that executed an action in this build
+        self.failed: set[Configured] = set()
+        self.dirty: set[Configured] = set()  # targets that executed an action in this build
         self.remaining = set(self.order)  # targets not planned yet
         # Dependency counting (Kahn): a target becomes ready when its last dependency is built.
-        self.deps = {label: engine.dep_map[label] for label in self.order}
+        self.deps = self.graph.deps
         self.waiting_on = {label: set(ds) for label, ds in self.deps.items()}
-        self.dependents: dict[Label, list[Label]] = {label: [] for label in self.order}
+        self.dependents: dict[Configured, list[Configured]] = {label: [] for label in self.order}
         for label, ds in self.deps.items():
             for d in ds:
                 self.dependents[d].append(label)
         self.ready = deque(label for label in self.order if not self.waiting_on[label])
-        self.targets: dict[Label, _TargetState] = {}
+        self.targets: dict[Configured, _TargetState] = {}
         # future -> (label, plan slot, action, miss reason, cached tree under --check)
-        self.inflight: dict[Future, tuple[Label, Any, Action, str, Tree | None]] = {}
+        self.inflight: dict[Future, tuple[Configured, Any, Action, str, Tree | None]] = {}
         self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
@@ -318,14 +323,14 @@ class _BuildRun:
             state.records.append(dict(rec.__dict__))
         self.e.reporter.action_done(rec)
 
-    def _fail(self, label: Label, err: BgraphError) -> None:
+    def _fail(self, label: Configured, err: BgraphError) -> None:
         self.failures.append(err)
         self._mark_failed(label)
         if not self.e.options.keep_going:
             self.stopping = True
             self.scheduler.cancel_pending()
 
-    def _mark_failed(self, label: Label) -> None:
+    def _mark_failed(self, label: Configured) -> None:
         """`label` failed: so does everything that needs it (they never become ready)."""
         stack = [label]
         while stack:
@@ -337,7 +342,7 @@ class _BuildRun:
             self.targets.pop(t, None)
             stack.extend(self.dependents.get(t, ()))
 
-    def _built(self, label: Label) -> None:
+    def _built(self, label: Configured) -> None:
         for t in self.dependents[label]:
             self.waiting_on[t].discard(label)
             if not self.waiting_on[t] and t in self.remaining:
@@ -351,12 +356,13 @@ class _BuildRun:
             if label not in self.remaining:
                 continue  # failed meanwhile
             self.remaining.discard(label)
-            target = e.ws.targets[label]
+            target = e.ws.targets[label.label]
             planned = time.monotonic()
             try:
                 expanded = expand_sources(e.ws, target)
                 sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
-                plan = plan_target(e.ws, target, e.options.platform, e.digester, self.outputs, sources, expanded,
+                deps = {lab: self.outputs[dep] for lab, dep in self.graph.dep_labels[label].items()}
+                plan = plan_target(e.ws, target, label.config, e.digester, deps, sources, expanded,
                                    e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, e.trace.load(str(label)))
                 self._dispatch(label, plan.start())
@@ -365,7 +371,7 @@ class _BuildRun:
             if self.profile is not None:
                 self.profile.plan(f"plan {label}", planned)
 
-    def _dispatch(self, label: Label, ready: list) -> None:
+    def _dispatch(self, label: Configured, ready: list) -> None:
         """Check each ready action: a hit completes its slot at once (possibly readying more),
         a miss goes to the scheduler. The target is done when its plan returns."""
         e, state = self.e, self.targets[label]
@@ -406,7 +412,7 @@ class _BuildRun:
             del self.targets[label]
             e.reporter.target_done(label)
 
-    def _run(self, label: Label, action: Action, reason: str, submitted: float) -> tuple[Tree, ActionResult, str]:
+    def _run(self, label: Configured, action: Action, reason: str, submitted: float) -> tuple[Tree, ActionResult, str]:
         """On an action thread: execute and file `action`, timed under --profile."""
         if self.profile is None:
             return self.e._run_and_record(action)
@@ -449,14 +455,14 @@ class _BuildRun:
         except Exception as err:
             self._fail(label, self._as_error(label, err))
 
-    def _as_error(self, label: Label, err: Exception) -> BgraphError:
+    def _as_error(self, label: Configured, err: Exception) -> BgraphError:
         """Any exception from planning as the one-line error the user sees: a full disk names
         the cache, an unreadable file names the file, anything else names the target and rule."""
         if isinstance(err, BgraphError):
             return err
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:
             return disk_full(self.e.cache_dir)
-        kind = self.e.ws.targets[label].kind
+        kind = self.e.ws.targets[label.label].kind
         if isinstance(err, OSError):
             return PlanError(f"cannot read {err.filename or 'a file'}: {err.strerror or err}", where=str(label),
                              hint="check that the file is readable (a source, a lock, a patch)")

@@ -265,6 +265,8 @@ class Action:
     inputs: tuple[tuple[str, Tree], ...] = ()
     outputs: tuple[str, ...] = ()
     platform: str = ""
+    # Set only where it differs from `platform` (a cross build): the machine the action runs on.
+    exec_platform: str = ""
     toolchain: str | None = None
     host_paths: tuple[str, ...] = ()
     host_tools: tuple[HostTool, ...] = ()
@@ -311,7 +313,7 @@ class Action:
                      else dict(self.spec)),
         }
         # Only when set, so actions that use none of them keep their keys.
-        for name in ("staged", "narrow", "depfiles"):
+        for name in ("exec_platform", "staged", "narrow", "depfiles"):
             value = getattr(self, name)
             if value:
                 described[name] = value if isinstance(value, str) else list(value)

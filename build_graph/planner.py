@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from build_graph.errors import LoadError, PlanError, where
-from build_graph.labels import Label, parse_label
+from build_graph.configs import Config
+from build_graph.labels import Label
 from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
 from build_graph.rules.base import Parallel, RuleContext
 from build_graph.rules.registry import RULES
@@ -108,17 +109,16 @@ class TargetPlan:
             return ready + [((frame, i), a) for i, a in enumerate(batch)]
 
 
-def plan_target(ws: Workspace, target: Target, platform: str, digester: Digester,
-                outputs: dict[Label, TargetOutput], sources: Tree, expanded: dict[str, list[str]],
+def plan_target(ws: Workspace, target: Target, config: Config, digester: Digester,
+                deps: dict[Label, TargetOutput], sources: Tree, expanded: dict[str, list[str]],
                 read: Callable[[FileEntry], bytes],
                 probe_host: Callable[[tuple[str, ...]], tuple[HostTool, ...]]) -> TargetPlan:
+    """Start `target`'s rule in `config`, over its dependencies' outputs (by label, each in the
+    configuration configs.py gave that edge)."""
     rule = RULES[target.kind]
-    deps = {}
-    for _key, text in rule.deps(target.attrs):
-        lab = parse_label(text, package=target.label.package)
-        deps[lab] = outputs[lab]
     ctx = RuleContext(
-        label=target.label, attrs=target.attrs, file=target.file, table=target.table, platform=platform,
-        digester=digester, deps=deps, sources=sources, pins=ws.pin, arch_sets=ws.archs, read=read,
-        probe_host=probe_host, rule_version=f"{target.kind}/{rule.version}", extra={"expanded": expanded})
+        label=target.label, attrs=target.attrs, file=target.file, table=target.table, platform=config.target,
+        exec_platform=config.exec, digester=digester, deps=deps, sources=sources, pins=ws.pin,
+        arch_sets=ws.archs, read=read, probe_host=probe_host, rule_version=f"{target.kind}/{rule.version}",
+        extra={"expanded": expanded})
     return TargetPlan(target, rule.plan(ctx))

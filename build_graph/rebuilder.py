@@ -53,7 +53,8 @@ def explain_change(old: dict[str, Any] | None, new: dict[str, Any], cas: LocalCa
         changed = [p for p in set(old.get("host_tools", {})) | set(new.get("host_tools", {}))
                    if old.get("host_tools", {}).get(p) != new.get("host_tools", {}).get(p)]
         reasons.append(f"host tool changed: {', '.join(sorted(changed))}")
-    for field in ("outputs", "platform", "rule_version", "spec", "cwd", "host_paths", "kind", "mnemonic"):
+    for field in ("outputs", "platform", "exec_platform", "rule_version", "spec", "cwd", "host_paths", "kind",
+                  "mnemonic"):
         if old.get(field) != new.get(field):
             reasons.append(f"{field} changed {old.get(field)!r} -> {new.get(field)!r}")
     return "; ".join(reasons) if reasons else "not in the cache (evicted or corrupted)"

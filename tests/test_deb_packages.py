@@ -422,15 +422,56 @@ def test_build_merged_usrmerged_tree_and_bump_one_package(make_ws, mirror):
 
 
 def test_other_platform_plans_its_own_packages(make_ws, mirror):
+    """Planned as on another host (--host-platform, dry run): that host's packages."""
     ws = deb_ws(make_ws, [mirror.url])
     assert ws.cli("deb", "lock").rc == 0
     other = "aarch64" if PLATFORM == "x86_64" else "x86_64"
-    run = ws.build("//debs:tools", args=("--dry-run", "--platform", other))
+    run = ws.build("//debs:tools", args=("--dry-run", "--host-platform", other))
     assert run.rc == 0, run.stderr
     planned = {a["name"] for a in run.json["actions"]}
     arch = DEB_ARCH[other]
     assert f"fetch hello-tool_1.0_{arch}.deb" in planned
     assert ("fetch arm-only_1.0_arm64.deb" in planned) == (other == "aarch64")
+    refused = ws.cli("build", "--host-platform", other, "//debs:tools")
+    assert refused.rc == 2 and "--dry-run --host-platform" in refused.stderr, refused.stderr
+
+
+CROSS = TOOLS + """cross = { aarch64 = ":cross", x86_64 = ":cross" }
+
+[cross]
+kind = "deb_packages"
+lock = "toolchains/cross.lock.json"
+locked_for = ["%s"]
+packages = ["hello-tool"]
+
+[root]
+kind = "deb_packages"
+lock = "toolchains/root.lock.json"
+sysroot = true
+packages = ["libgreet1"]
+""" % PLATFORM
+
+
+def test_a_system_follows_the_exec_platform_a_sysroot_the_target(make_ws, mirror):
+    """For another target platform (a cross build), a system to run actions on is still the exec
+    machine's packages (or its `cross` stand-in), and a sysroot is the target's; `locked_for`
+    locks only the platforms it names, and planning one it does not name is an error naming it."""
+    ws = deb_ws(make_ws, [mirror.url], CROSS)
+    assert ws.cli("deb", "lock").rc == 0
+    assert set(json.loads((ws.root / "toolchains/cross.lock.json").read_text())["platforms"]) == {PLATFORM}
+    other = "aarch64" if PLATFORM == "x86_64" else "x86_64"
+    run = ws.build("//debs:tools", "//debs:root", args=("--dry-run", "--platform", other))
+    assert run.rc == 0, run.stderr
+    planned = {(a["label"], a["name"]) for a in run.json["actions"]}
+    # the cross stand-in (exec packages) serves //debs:tools; the sysroot holds the target's packages
+    assert (f"//debs:cross", f"fetch hello-tool_1.0_{ARCH}.deb") in planned
+    assert not any(label.startswith("//debs:tools") for label, _ in planned), planned  # nothing of its own
+    assert (f"//debs:root [{other}]", f"fetch libgreet1_1.1_{DEB_ARCH[other]}.deb") in planned
+    # natively, the stand-in is not even configured
+    native = ws.build("//debs:tools", args=("--dry-run",))
+    assert not any(a["label"] == "//debs:cross" for a in native.json["actions"])
+    refused = ws.build("//debs:cross", args=("--dry-run", "--host-platform", other))
+    assert refused.rc == 1 and f"locked for {PLATFORM} only, not for {other}" in refused.stderr, refused.stderr
 
 
 def test_conflicting_packages_and_prefer(make_ws, mirror):

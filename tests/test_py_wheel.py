@@ -1,4 +1,6 @@
-"""py_wheel's pieces that need no sandbox: its RECORD (PEP 376 CSV) and reading a PKG-INFO."""
+"""py_wheel's pieces that need no sandbox: its RECORD (PEP 376 CSV), reading a PKG-INFO, the ABI
+check of limited-API wheels and the platform tag taken from `auditwheel show --json` (its real
+output for a wheel is checked in test_cross_build.py and test_wheel.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from build_graph.errors import PlanError
 from build_graph.model import FileEntry, Tree
-from build_graph.rules.py_wheel import WHEEL_SCRIPT, _metadata
+from build_graph.rules.py_wheel import WHEEL_SCRIPT, _check_abi, _metadata, audited_tag
 
 
 def test_record_quotes_names_with_commas_and_quotes(tmp_path):
@@ -65,3 +67,54 @@ def test_pkg_info_version_must_match():
     ctx, tree = _ctx(PKG_INFO)
     with pytest.raises(PlanError, match="says version 1.2.3, the target says 2.0"):
         _metadata(ctx, tree, "PKG-INFO", "2.0")
+
+
+def _report(**kw):
+    """`auditwheel show --json` (schema version 1) for an aarch64 wheel."""
+    return {"version": 1, "wheel": "x-1-cp38-abi3-linux_aarch64.whl", "pure": False, "pyfpe": False, "ucs2": False,
+            "unsupported_isa": False, "versioned_symbols": {}, "external_libs": {}, "policy_upgrades": {}, **kw}
+
+
+def test_the_tag_is_auditwheels_overall_one_when_nothing_is_external():
+    report = _report(overall_tag="manylinux_2_34_aarch64", sym_tag="manylinux_2_34_aarch64")
+    assert audited_tag(report, []) == ("manylinux_2_34_aarch64", "auditwheel's overall tag")
+
+
+def test_declared_external_libraries_allow_the_policy_the_symbols_allow():
+    """torch's libraries and the driver are not in any manylinux whitelist: auditwheel says
+    linux_aarch64; declared as external (as `auditwheel repair --exclude` would leave them), the
+    most compatible policy that the symbol versions allow and that needs nothing else removed wins."""
+    upgrades = {p: {"libs_to_eliminate": ["libc10.so", "libcuda.so.1", "libtorch.so"]}
+                for p in ("manylinux_2_17_aarch64", "manylinux_2_28_aarch64", "manylinux_2_31_aarch64",
+                          "manylinux_2_34_aarch64", "manylinux_2_35_aarch64")}
+    upgrades["manylinux_2_35_aarch64"]["blacklisted_symbols"] = {"libc.so.6": ["x"]}
+    report = _report(overall_tag="linux_aarch64", sym_tag="manylinux_2_28_aarch64", policy_upgrades=upgrades)
+    assert audited_tag(report, [])[0] == "linux_aarch64"
+    assert audited_tag(report, ["libtorch*.so", "libc10*.so"])[0] == "linux_aarch64"  # libcuda.so.1 is not allowed
+    tag, why = audited_tag(report, ["libtorch*.so", "libc10*.so", "libcuda.so.1"])
+    assert tag == "manylinux_2_28_aarch64" and "libcuda.so.1" in why  # 2_17 is below what the symbols need
+
+
+def test_a_wheel_auditwheel_rejects_keeps_the_linux_tag():
+    report = _report(overall_tag="linux_x86_64", sym_tag="manylinux_2_17_x86_64", unsupported_isa=True,
+                     policy_upgrades={"manylinux_2_17_x86_64": {}})
+    assert audited_tag(report, ["*"]) == ("linux_x86_64", "auditwheel: unsupported_isa")
+    with pytest.raises(ValueError, match="auditwheel: not a platform wheel"):
+        audited_tag({"version": 1, "wheel": "w", "error": "not a platform wheel"}, [])
+
+
+@pytest.mark.parametrize("abi, names, error", [
+    ("abi3", ["vllm/_C.abi3.so", "vllm/x.py"], None),
+    ("abi3", ["vllm/_C.cpython-311-x86_64-linux-gnu.so"], "built for one CPython version"),
+    ("none", ["p/libbgraph_fp4.so"], None),
+    ("none", ["vllm/_C.abi3.so"], "tag its ABI"),
+])
+def test_abi3_wheels_hold_only_limited_api_extensions(abi, names, error):
+    ctx, _ = _ctx("")
+    ctx.attrs = SimpleNamespace(abi_tag=abi)
+    content = Tree({n: FileEntry("d" * 64, 1) for n in names})
+    if error is None:
+        _check_abi(ctx, content)
+    else:
+        with pytest.raises(PlanError, match=error):
+            _check_abi(ctx, content)

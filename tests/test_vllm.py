@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from bgraph_testlib import hermetic_env, workspace_copy
+from build_graph.labels import parse_label
+from build_graph.workspace import host_platform
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -33,11 +35,13 @@ def bgraph(ws, cache, *args, timeout=2400):
                           capture_output=True, text=True, timeout=timeout, env=hermetic_env(), cwd=ws)
 
 
-def planned_fetches(ws, cache, wheel, platform) -> dict[str, str]:
-    """'label action-name' -> key of every Fetch a dry run for `platform` plans for `wheel`."""
-    run = bgraph(ws, cache, "build", "--json", "--dry-run", "--platform", platform, f"//wheels:{wheel}")
+def planned_fetches(ws, cache, wheel, platform, flag="--host-platform") -> dict[str, str]:
+    """'label action-name' -> key of every Fetch a dry run plans for `wheel` on a `platform` host
+    (the native build there; with flag --platform: built for `platform` on this host). Labels lose
+    their configuration tag ("//vllm:torch-env [aarch64]" -> "//vllm:torch-env")."""
+    run = bgraph(ws, cache, "build", "--json", "--dry-run", flag, platform, f"//wheels:{wheel}")
     assert run.returncode == 0, run.stderr
-    return {f"{a['label']} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
+    return {f"{a['label'].split(' [')[0]} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
             if a["mnemonic"] == "Fetch"}
 
 
@@ -63,6 +67,8 @@ def expected_fetches(workspace, closure, platform) -> dict[str, tuple[str, str, 
     for label in closure:
         target = workspace.targets[label]
         if target.kind == "deb_packages":
+            if platform not in target.attrs.locked_for:  # a cross compiler of another host
+                continue
             lock = target.attrs.lock
             locked = parse_lock((workspace.root / lock).read_text(), where=lock).get(platform)
             assert locked is not None, f"{lock} has no packages for {platform}"
@@ -108,7 +114,8 @@ def test_all_three_wheels_resolve_for_both_platforms(ws, tmp_path):
                 if filename.endswith(".whl"):
                     tags = filename[:-4].split("-")[-1]
                     assert platform in tags or tags == "any", (wheel, platform, filename)
-                assert other not in filename, (wheel, platform, filename)
+                # (a .deb's architecture is checked above: a cross compiler's name says its target)
+                assert other not in filename or filename.endswith(".deb"), (wheel, platform, filename)
             planned = planned_fetches(ws, tmp_path / "cache", wheel, platform)
             assert set(planned) <= set(files), set(planned) - set(files)
             assert {f"//vllm:torch-env fetch {n}" for n in torch_env} <= set(planned), (wheel, platform)
@@ -156,8 +163,31 @@ def test_the_aarch64_graph_plans_every_pin_for_aarch64(ws, tmp_path):
     cas = tmp_path / "cache" / "v1" / "blake3" / "cas"
     stored = {p.parent.name + p.name for p in cas.rglob("*") if p.is_file()}  # cas/ab/cdef…
     assert stored <= workspace_files, f"a dry run downloaded something: {len(stored - workspace_files)} blob(s)"
-    refused = bgraph(ws, tmp_path / "cache", "build", "--platform", "aarch64", "//wheels:vllm-sm121")
-    assert refused.returncode == 2 and "no cross-builds yet" in refused.stderr
+    refused = bgraph(ws, tmp_path / "cache", "build", "--host-platform", "aarch64", "//wheels:vllm-sm121")
+    assert refused.returncode == 2 and "--dry-run --host-platform aarch64" in refused.stderr, refused.stderr
+
+
+def test_the_cross_build_plans_aarch64_targets_with_x86_64_tools(ws, tmp_path):
+    """`--dry-run --platform aarch64` on this x86_64 host: the wheel and what it packs are built for
+    aarch64 (the aarch64 torch), by the cross compiler standing in for //toolchains:host-cc (amd64
+    packages) and the x86_64 CMake and Ninja (exec transition). (The toolkit waits on torch: a dry
+    run cannot plan it; test_cross_build.py builds the aarch64 toolkit of the FP4 kernels.)"""
+    if host_platform() != "x86_64":
+        pytest.skip("the cross build is planned from an x86_64 host")
+    from build_graph.workspace import load
+    workspace = load(ws)
+    cross = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", "aarch64", flag="--platform")
+    native = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", "x86_64")
+    spark = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", "aarch64")  # planned on a Spark
+    for name in ("//vllm:torch-env fetch py-torch", "//vllm:torch-env fetch py-triton"):
+        assert cross[name] == spark[name] != native[name]  # the aarch64 files
+    for name in ("//toolchains:cmake-wheel fetch cmake", "//toolchains:ninja-wheel fetch ninja"):
+        assert cross[name] == native[name] != spark[name]  # x86_64 tools
+    debs = {n for n in cross if n.endswith(".deb")}
+    assert any(n.startswith("//toolchains:cross-cc-aarch64 fetch g++-12-aarch64-linux-gnu_") for n in debs), debs
+    assert all(n.endswith(("_amd64.deb", "_all.deb")) for n in debs), debs  # every system runs here
+    assert not any(n.startswith("//toolchains:host-cc fetch gcc-12_") for n in debs)  # the stand-in serves it
+    assert "cross-cc-aarch64" in str(workspace.targets[parse_label("//toolchains:host-cc")].attrs.cross)
 
 
 def test_offline_configure_import_and_fp4_quantization_tus(ws, tmp_path):

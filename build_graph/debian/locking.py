@@ -59,7 +59,8 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
         attrs = target.attrs
         new: dict[str, PlatformLock] = {}
         why: dict[str, dict[str, tuple[str, str]]] = {}
-        for platform, arch in DEB_ARCH.items():
+        for platform in attrs.locked_for:
+            arch = DEB_ARCH[platform]
             if arch not in indexes:
                 start = time.monotonic()
                 progress(f"reading the {arch} indexes of {', '.join(suites)}")

@@ -69,6 +69,13 @@ class RuleContext:
     probe_host: Callable[[tuple[str, ...]], tuple[HostTool, ...]]
     rule_version: str = "1"
     extra: dict[str, Any] = field(default_factory=dict)
+    # The platform actions run on; `platform` is the one outputs are for (they differ in a
+    # cross build: configs.py). None: the same.
+    exec_platform: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.exec_platform is None:
+            self.exec_platform = self.platform
 
     def where(self, key: str | None = None) -> str:
         return where(self.file, self.table, key)
@@ -111,6 +118,9 @@ class RuleContext:
             if h is None:
                 continue
             info = h.info if isinstance(h, TargetOutput) else h
+            if info.get("sysroot"):
+                raise self.fail("a sysroot (the target platform's packages) cannot be the system an action runs on",
+                                hint="name a deb_packages target without sysroot = true as tools/host")
             root = info.get(SYSTEM_ROOT)
             if root is not None:  # a pinned system (deb_packages): its usr/ is the sandbox's /usr
                 usr = root.subtree("usr")
@@ -133,6 +143,7 @@ class RuleContext:
             inputs=tuple(sorted(mounts.items())),
             outputs=tuple(outputs),
             platform=self.platform,
+            exec_platform=self.exec_platform if self.exec_platform != self.platform else "",
             toolchain=toolchain_digest,
             host_paths=host_paths,
             host_tools=host_tools,
@@ -144,14 +155,16 @@ class RuleContext:
             depfiles=tuple(depfiles),
         )
 
-    def fetch_action(self, pin_name: str, key: str) -> Action:
-        """A fixed-output download of a pinned file (its key is the pinned sha256 alone)."""
+    def fetch_action(self, pin_name: str, key: str, platform: str | None = None) -> Action:
+        """A fixed-output download of a pinned file (its key is the pinned sha256 alone): the
+        file for the target platform, or for `platform` (a tool run on the exec machine)."""
         pin = self.pins(pin_name, self.where(key))
+        platform = platform or self.platform
         try:
-            f = pin.for_platform(self.platform)
+            f = pin.for_platform(platform)
         except KeyError:
-            raise self.fail(f"pin {pin_name!r} has no file for platform {self.platform}", key,
-                            hint=f"add [pins.{pin_name}.platforms.{self.platform}] to WORKSPACE.toml") from None
+            raise self.fail(f"pin {pin_name!r} has no file for platform {platform}", key,
+                            hint=f"add [pins.{pin_name}.platforms.{platform}] to WORKSPACE.toml") from None
         filename = f.filename or (f.url.rsplit("/", 1)[-1] if f.url else pin_name)
         where_from = {"project": pin.project} if pin.kind == "pypi" else {"url": f.url}
         return fetch(f"fetch {pin_name}", filename, f.sha256, pin.kind, pin=pin_name, **where_from)

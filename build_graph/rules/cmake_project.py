@@ -107,6 +107,11 @@ def cmake_project_deps(attrs: CmakeProjectAttrs):
     return labels_in(attrs, "src", "ext", "toolchain", "cmake", "ninja", "host")
 
 
+def cmake_project_transition(attrs: CmakeProjectAttrs, key: str, label: str, config):
+    """CMake and Ninja run on the exec machine, whatever the project is built for."""
+    return config.exec_config() if key in ("cmake", "ninja") else config
+
+
 def cmake_project_sources(attrs: CmakeProjectAttrs):
     return [("srcs", p) for p in attrs.srcs]
 
@@ -140,7 +145,13 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
     cache = {"CMAKE_BUILD_TYPE": a.build_type, "CMAKE_C_COMPILER": "/usr/bin/gcc",
              "CMAKE_CXX_COMPILER": "/usr/bin/g++", "CMAKE_CUDA_COMPILER": NVCC,
              "CMAKE_CUDA_HOST_COMPILER": "/usr/bin/g++", "CUDAToolkit_ROOT": "/bgraph/toolchain",
-             "CUDA_TOOLKIT_ROOT_DIR": "/bgraph/toolchain", **a.cache}
+             "CUDA_TOOLKIT_ROOT_DIR": "/bgraph/toolchain"}
+    if ctx.platform != ctx.exec_platform:
+        # A cross build: the host system's gcc is the target's cross compiler (deb_packages
+        # `cross`); CMake must know it is cross-compiling (no try_run; CUDA looks for
+        # targets/<platform>-linux in the toolkit) and for which processor.
+        cache.update({"CMAKE_SYSTEM_NAME": "Linux", "CMAKE_SYSTEM_PROCESSOR": ctx.platform})
+    cache.update(a.cache)
     env = {"PATH": f"{CMAKE}/bin:{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", **a.env}
     if a.archs is not None:
         archs = ctx.arch_sets(a.archs, ctx.where("archs"))

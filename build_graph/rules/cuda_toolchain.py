@@ -36,18 +36,38 @@ def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
     return labels_in(attrs, "host", "libraries")
 
 
-def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
-    """Fetch and unpack each wheel, merge them under one root, then run nvcc --version in the sandbox."""
-    fetched = yield [ctx.fetch_action(pin, "wheels") for pin in ctx.attrs.wheels]
+def _wheel_trees(ctx: RuleContext, pins: list[str], platform: str) -> PlanGen:
+    """Sub-plan: each wheel's files for `platform`."""
+    fetched = yield [ctx.fetch_action(pin, "wheels", platform) for pin in pins]
     unpacked = yield [ctx.extract_action(f.tree, f.action.outputs[0], ctx.attrs.strip_prefix) for f in fetched]
+    return [u.tree for u in unpacked]
+
+
+def _merged(ctx: RuleContext, trees: list[Tree]) -> Tree:
     try:
-        tree = unpacked[0].tree.merged(*(u.tree for u in unpacked[1:]))
+        return trees[0].merged(*trees[1:]) if trees else Tree()
     except ValueError as e:
         raise ctx.fail(f"wheels overlap: {e}", "wheels") from None
+
+
+def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
+    """Fetch and unpack each wheel, merge them under one root, then run nvcc --version in the sandbox.
+
+    For another target platform than the exec machine's (a cross toolkit): the programs
+    (bin/, nvvm/) and headers are the exec platform's wheels, lib/ holds the target platform's
+    libraries (the same wheels' lib/ for the target: cudart, libnvvm), and
+    targets/<platform>-linux/{include,lib} point at them: nvcc with an aarch64 host compiler
+    looks there, as does CMake's CUDA detection when cross-compiling."""
+    wheels = yield from _wheel_trees(ctx, ctx.attrs.wheels, ctx.exec_platform)
+    tree = _merged(ctx, wheels)
     if "bin/nvcc" not in tree.entries:
         raise ctx.fail(f"no bin/nvcc under {ctx.attrs.strip_prefix!r} in the wheels", "wheels")
     # Some wheels lose exec bits; the tools under bin/ must run.
     tree = tree.with_executable(_is_tool)
+    if ctx.platform != ctx.exec_platform:
+        with_libs = [pin for pin, t in zip(ctx.attrs.wheels, wheels) if t.subtree("lib").entries]
+        target_libs = _merged(ctx, (yield from _wheel_trees(ctx, with_libs, ctx.platform))).select(["lib"])
+        tree = cross_prefix(tree, target_libs, ctx.platform)
     if ctx.attrs.libraries:
         # One toolkit prefix, as CMake's (and torch's FindCUDA's) lookups expect; the
         # toolchain's own files win where both have a path.
@@ -74,6 +94,16 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
         tree = tree.overlaid(stub.tree)
     return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
                         {"version": found, "host": host.info, "nvcc": "bin/nvcc"})
+
+
+def cross_prefix(tools: Tree, target_libs: Tree, platform: str) -> Tree:
+    """The exec platform's toolkit with lib/ replaced by the target platform's, and the
+    targets/<platform>-linux directory nvcc and CMake look for when cross-compiling. (Named
+    aarch64-linux, not sbsa-linux: CMake 3.31 only looks for the former.)"""
+    kept = Tree.from_checked({p: e for p, e in tools.entries.items() if not (p == "lib" or p.startswith("lib/"))})
+    links = {f"targets/{platform}-linux/include": SymlinkEntry("../../include"),
+             f"targets/{platform}-linux/lib": SymlinkEntry("../../lib")}
+    return kept.merged(target_libs, Tree(links))
 
 
 def toolkit_links(tree: Tree) -> Tree:

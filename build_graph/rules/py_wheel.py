@@ -1,14 +1,26 @@
 """py_wheel: a PEP 427 wheel from Python sources, built shared libraries and data.
 
 Deterministic: entries sorted, timestamps fixed at 1980-01-01, fixed permissions,
-RECORD with sha256. Built in the sandbox by the host's python3 (zipfile), so the
-interpreter's identity is part of the key.
+RECORD with sha256 (as CSV, PEP 376). Built in the sandbox by the pinned system's python3
+(zipfile), so the interpreter's identity is part of the key.
+
+Tags: `{python_tag}-{abi_tag}-{platform tag}`. `cp38-abi3` says the extensions use the limited
+API (they must be named *.abi3.so). The platform tag is `linux_<platform>` unless `audit` names
+an auditwheel environment: then `auditwheel show --json` (its policy data: the glibc and
+libstdc++ symbol versions and libraries each manylinux policy allows) judges the wheel's shared
+libraries, in the sandbox, and the wheel takes the most compatible manylinux tag it allows,
+counting the libraries named in `external_libs` (provided at run time by other wheels, like
+torch, or by the driver) as allowed, as `auditwheel repair --exclude` would. Nothing is looked
+up on the build machine (`--ldpaths ''`): libraries are judged by name and by the symbol
+versions the wheel's own files require, which is what holds on the target's system too.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
+from typing import Literal
 from email.parser import HeaderParser
 from email.policy import compat32
 
@@ -74,6 +86,16 @@ class PyWheelAttrs(Attrs):
     files: dict[str, list[str]] = Field(default_factory=dict,
                                         description="path inside the wheel -> [label, path in that label's output]")
     pure: bool = Field(False, description="py3-none-any instead of a platform tag")
+    python_tag: str = Field("py3", pattern=r"^(py|cp)\d+$", description="e.g. cp38 (with abi_tag abi3)")
+    abi_tag: Literal["none", "abi3"] = Field("none", description="abi3: limited-API extensions (*.abi3.so)")
+    audit: str | None = Field(None, description="python_env with auditwheel: the platform tag becomes the "
+                                                 "manylinux one its policy data allows (else linux_<platform>)")
+    external_libs: list[str] = Field(default_factory=list,
+                                     description="with audit: sonames (globs) the wheel may need from outside it "
+                                                 "(torch's libraries, the driver's libcuda.so.1)")
+    platform: Literal["x86_64", "aarch64"] | None = Field(
+        None, description="the platform this wheel is built for, with all it needs (a transition; "
+                          "`--platform` overrides it); default: the host's")
     tools: str = Field("//toolchains:host", description="host_tools target providing python3")
 
     @field_validator("distribution")
@@ -85,7 +107,12 @@ class PyWheelAttrs(Attrs):
 
 
 def py_wheel_deps(attrs: PyWheelAttrs):
-    return labels_in(attrs, "libs", "tools", "tree") + [("files", v[0]) for v in attrs.files.values() if v]
+    return labels_in(attrs, "libs", "tools", "tree", "audit") + [("files", v[0]) for v in attrs.files.values() if v]
+
+
+def py_wheel_transition(attrs: PyWheelAttrs, key: str, label: str, config):
+    """auditwheel runs on the exec machine, whatever the wheel is for."""
+    return config.exec_config() if key == "audit" else config
 
 
 def py_wheel_sources(attrs: PyWheelAttrs):
@@ -93,8 +120,81 @@ def py_wheel_sources(attrs: PyWheelAttrs):
 
 
 def wheel_tag(pure: bool, platform: str) -> str:
-    """Not manylinux: the libraries link this host's glibc, which no audit has checked."""
+    """Without an audit, not manylinux: nothing has checked which glibc the libraries need."""
     return "py3-none-any" if pure else f"py3-none-linux_{platform}"
+
+
+# Runs in the sandbox: $1 = the libraries (a tree), $2 = the platform, $3 = auditwheel's
+# site-packages. The libraries go into a stand-in wheel named for the platform (auditwheel reads
+# the architecture from the name); `auditwheel show --json` writes its verdict to audit.json.
+AUDIT_SCRIPT = r'''
+import contextlib, os, sys, zipfile
+libs, platform, site = sys.argv[1:4]
+sys.path.insert(0, site)
+wheel = f"/tmp/bgraph_audit-0-py3-none-linux_{platform}.whl"
+info = "bgraph_audit-0.dist-info"
+record = []  # auditwheel reads the files to judge from RECORD
+with zipfile.ZipFile(wheel, "w") as zf:
+    for root, _dirs, names in sorted(os.walk(libs)):
+        for n in sorted(names):
+            record.append(os.path.relpath(os.path.join(root, n), libs))
+            zf.write(os.path.join(root, n), record[-1])
+    zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: bgraph_audit\nVersion: 0\n")
+    zf.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-linux_{platform}\n")
+    zf.writestr(f"{info}/RECORD", "".join(f"{name},,\n" for name in record))
+from auditwheel.main import main
+sys.argv = ["auditwheel", "show", "--json", "--ldpaths", "", wheel]
+with open("audit.json", "w") as out, contextlib.redirect_stdout(out):
+    rc = main()
+sys.exit(rc or 0)
+'''
+_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_")
+
+
+def _glibc(tag: str) -> tuple[int, int] | None:
+    m = _MANYLINUX.match(tag)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def audited_tag(report: dict, allowed: list[str]) -> tuple[str, str]:
+    """(platform tag, why) from `auditwheel show --json`: the most compatible manylinux policy
+    whose glibc is at least what the symbol versions need (sym_tag), none of whose
+    libraries to eliminate is outside `allowed` (globs), and with no blacklisted symbol."""
+    if "error" in report:
+        raise ValueError(f"auditwheel: {report['error']}")
+    overall, floor = report["overall_tag"], _glibc(report["sym_tag"])
+    for flag in ("pyfpe", "ucs2", "unsupported_isa"):
+        if report.get(flag):
+            return overall, f"auditwheel: {flag}"
+    best, why = overall, "auditwheel's overall tag"
+    for policy, needs in report.get("policy_upgrades", {}).items():
+        glibc = _glibc(policy)
+        if glibc is None or floor is None or glibc < floor or needs.get("blacklisted_symbols"):
+            continue
+        outside = [lib for lib in needs.get("libs_to_eliminate", [])
+                   if not any(fnmatch.fnmatchcase(lib, g) for g in allowed)]
+        if not outside and (_glibc(best) is None or glibc < _glibc(best)):
+            kept = needs.get("libs_to_eliminate", [])
+            best, why = policy, ("allowed by external_libs: " + ", ".join(kept)) if kept else "auditwheel's policy"
+    return best, why
+
+
+def _shared_library(path: str) -> bool:
+    name = path.rpartition("/")[2]
+    return name.endswith(".so") or ".so." in name
+
+
+def _check_abi(ctx: RuleContext, content: Tree) -> None:
+    """abi3 wheels hold only limited-API extensions; an untagged one holds none."""
+    a = ctx.attrs
+    names = [p.rpartition("/")[2] for p in content.entries]
+    versioned = [n for n in names if re.search(r"\.cpython-[^.]+\.so$", n)]
+    abi3 = [n for n in names if n.endswith(".abi3.so")]
+    if a.abi_tag == "abi3" and versioned:
+        raise ctx.fail(f"abi_tag abi3, but {versioned[0]} is built for one CPython version", "abi_tag")
+    if a.abi_tag == "none" and (versioned or abi3):
+        raise ctx.fail(f"the wheel holds the Python extension {(versioned or abi3)[0]}: tag its ABI", "abi_tag",
+                       hint='python_tag = "cp38" and abi_tag = "abi3" for limited-API (*.abi3.so) extensions')
 
 
 _FOLD = re.compile(r"\r?\n")  # a folded header line: unfold by dropping the line break (RFC 5322)
@@ -141,11 +241,24 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         if ref[1] not in out.entries:
             raise ctx.fail(f"{ref[0]} has no output {ref[1]!r}", "files")
         content = content.merged(Tree({dest: out.entries[ref[1]]}))
-    tag = wheel_tag(a.pure, ctx.platform)
+    _check_abi(ctx, content)
+    platform_tag, why = ("any" if a.pure else f"linux_{ctx.platform}"), ""
+    libs = Tree({p: e for p, e in content.entries.items() if _shared_library(p)})
+    if a.audit and not a.pure and libs.entries:
+        [audited] = yield [ctx.exec_action(
+            "auditwheel show", "WheelAudit",
+            ["/usr/bin/python3", "-I", "-S", "-c", AUDIT_SCRIPT, "/bgraph/in/libs", ctx.platform, "/bgraph/in/auditwheel"],
+            inputs={"/bgraph/in/libs": libs, "/bgraph/in/auditwheel": ctx.dep(a.audit, "audit").tree},
+            outputs=["audit.json"], host=ctx.dep(a.tools, "tools"), memory_mb=512)]
+        try:
+            platform_tag, why = audited_tag(json.loads(ctx.read(audited.tree.entries["audit.json"])), a.external_libs)
+        except (ValueError, KeyError) as e:
+            raise ctx.fail(f"cannot read auditwheel's verdict: {e}", "audit") from None
+    tag = f"{a.python_tag}-{a.abi_tag}-{platform_tag}" if not a.pure else wheel_tag(True, ctx.platform)
     wheel = f"{a.distribution}-{a.version}-{tag}.whl"
     [built] = yield [ctx.exec_action(
         "wheel " + wheel, "PyWheel",
         ["/usr/bin/python3", "-I", "-S", "-c", WHEEL_SCRIPT, "/bgraph/in/pkg", wheel, a.distribution, a.version,
          tag, "\n".join(requires)],
         inputs={"/bgraph/in/pkg": content}, outputs=[wheel], host=ctx.dep(a.tools, "tools"), memory_mb=256)]
-    return TargetOutput(built.tree, {"wheel": wheel})
+    return TargetOutput(built.tree, {"wheel": wheel, "tag": tag, **({"tag_reason": why} if why else {})})

@@ -15,6 +15,15 @@ def _none(attrs) -> list:
     return []
 
 
+def _same(attrs, key: str, label: str, config):
+    """A dependency is built in its parent's configuration."""
+    return config
+
+
+def _as_is(attrs, config):
+    return config
+
+
 @dataclass(frozen=True)
 class Rule:
     kind: str
@@ -23,6 +32,9 @@ class Rule:
     deps: Callable = _none  # attrs -> [(key, label)]
     sources: Callable = _none  # attrs -> [(key, workspace path or glob)]
     version: str = "1"  # bump when the rule's actions change meaning
+    # (attrs, key, label, parent's Config) -> the dependency's Config, or None: not followed there
+    transition: Callable = _same
+    configure: Callable = _as_is  # (attrs, Config) -> the Config this target really needs (trimming)
 
 
 RULES: dict[str, Rule] = {
@@ -41,10 +53,12 @@ RULES: dict[str, Rule] = {
     "cc_shared_library": Rule("cc_shared_library", cc_shared_library.CcSharedLibraryAttrs,
                               cc_shared_library.plan_cc_shared_library, cc_shared_library.cc_shared_library_deps),
     "cmake_project": Rule("cmake_project", cmake_project.CmakeProjectAttrs, cmake_project.plan_cmake_project,
-                          cmake_project.cmake_project_deps, cmake_project.cmake_project_sources),
+                          cmake_project.cmake_project_deps, cmake_project.cmake_project_sources,
+                          transition=cmake_project.cmake_project_transition),
     "python_env": Rule("python_env", python_env.PythonEnvAttrs, python_env.plan_python_env),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
-                     py_wheel.py_wheel_sources),
+                     py_wheel.py_wheel_sources, transition=py_wheel.py_wheel_transition),
     "deb_packages": Rule("deb_packages", deb_packages.DebPackagesAttrs, deb_packages.plan_deb_packages,
-                         sources=deb_packages.deb_packages_sources),
+                         deb_packages.deb_packages_deps, deb_packages.deb_packages_sources,
+                         transition=deb_packages.deb_packages_transition, configure=deb_packages.deb_packages_configure),
 }
