@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bgraph_testlib import WS, workspace_copy
+from build_graph import configs
 from build_graph.graph import dependency_map, deps_in_order
 from build_graph.labels import parse_label
 
@@ -39,7 +40,9 @@ def test_every_action_runs_on_a_pinned_usr_and_mounts_no_host_path(ws):
     assert run.rc == 0, run.stderr[-3000:]
     engine = ws.engine()
     loaded = engine.ws
-    closure = deps_in_order(dependency_map(loaded), [parse_label(x) for x in BUILT_HERE])
+    # the configured targets (the FP4 wheel is built for aarch64: its closure holds the cross compiler)
+    closure = configs.configure(loaded, configs.requested(loaded, [parse_label(x) for x in BUILT_HERE])).order
+    assert any(c.label == parse_label("//toolchains:cross-cc-aarch64") for c in closure)
     exec_actions = 0
     for label in closure:
         actions = engine.trace.load(str(label)).get("actions", {})

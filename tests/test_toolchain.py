@@ -58,3 +58,21 @@ def test_patched_vllm_supports_sm121_with_cuda13(cache):
     assert cmake.count('"7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0;12.1"') == 1       # CUDA >= 13.0
     explain = bgraph(cache, "explain", "//sources:vllm-patched")
     assert "apply patches" in explain.stdout
+
+
+def test_a_cross_toolkit_keeps_the_exec_tools_and_takes_the_targets_libraries():
+    """The prefix of a cross build (cuda_toolchain for another target platform): bin/, nvvm/ and
+    the headers of the exec platform, lib/ of the target's wheels only, and the
+    targets/aarch64-linux directory nvcc (with an aarch64 host compiler) and CMake look in."""
+    from build_graph.model import FileEntry, SymlinkEntry, Tree
+    from build_graph.rules.cuda_toolchain import cross_prefix
+    f = lambda c: FileEntry(c * 64, 1)  # noqa: E731
+    tools = Tree({"bin/nvcc": f("a"), "nvvm/bin/cicc": f("b"), "include/cuda.h": f("c"),
+                  "lib/libcudart_static.a": f("d"), "lib/libnvvm.so": f("e")})
+    target = Tree({"lib/libcudart_static.a": f("1"), "lib/libcudart.so.13": f("2")})
+    prefix = cross_prefix(tools, target, "aarch64")
+    assert prefix.entries == {
+        "bin/nvcc": f("a"), "nvvm/bin/cicc": f("b"), "include/cuda.h": f("c"),
+        "lib/libcudart_static.a": f("1"), "lib/libcudart.so.13": f("2"),
+        "targets/aarch64-linux/include": SymlinkEntry("../../include"),
+        "targets/aarch64-linux/lib": SymlinkEntry("../../lib")}

@@ -1,4 +1,5 @@
-"""The main job: //wheels:fp4-kernels-sm121 builds, installs with pip into a fresh venv, and its
+"""//wheels:fp4-kernels-sm121 built for this machine (`--platform x86_64` here: the target itself
+is fixed to the Spark's aarch64, see test_cross_build.py) installs with pip into a fresh venv, and its
 library holds sm_120a and sm_121a cubins; two independent builds (two workspace directories, two
 caches) give the same wheel byte for byte; `--check` finds every action reproducible.
 
@@ -19,15 +20,18 @@ from pathlib import Path
 import pytest
 
 from bgraph_testlib import hermetic_env, workspace_copy
+from build_graph.workspace import host_platform
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 WHEEL = "//wheels:fp4-kernels-sm121"
+HOST = host_platform()
 
 
 def bgraph(ws: Path, cache: Path, *args: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
-                           "build", "--json", *args], capture_output=True, text=True, env=hermetic_env(), cwd=ws)
+                           "build", "--json", "--platform", HOST, *args], capture_output=True, text=True,
+                          env=hermetic_env(), cwd=ws)
     assert proc.returncode in (0, 3), proc.stderr
     return json.loads(proc.stdout)
 
@@ -50,7 +54,7 @@ def built(module_tmp):
 def test_wheel_installs_and_carries_both_spark_cubins(built, tmp_path):
     _ws, _cache, wheel_dir, cuobjdump = built
     [wheel] = wheel_dir.glob("*.whl")
-    assert wheel.name == "bgraph_fp4-0.1.0-py3-none-linux_x86_64.whl"
+    assert wheel.name == f"bgraph_fp4-0.1.0-py3-none-manylinux_2_34_{HOST}.whl"  # auditwheel's verdict
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     subprocess.run([env_dir / "bin" / "pip", "install", "-q", "--no-index", "--no-deps", str(wheel)], check=True)
@@ -73,7 +77,7 @@ def test_wheel_is_pep427_with_fixed_timestamps(built):
         assert all(i.date_time == (1980, 1, 1, 0, 0, 0) for i in zf.infolist())
         record = zf.read("bgraph_fp4-0.1.0.dist-info/RECORD").decode().splitlines()
         assert {line.split(",")[0] for line in record} == set(names)
-        assert "Tag: py3-none-linux_x86_64" in zf.read("bgraph_fp4-0.1.0.dist-info/WHEEL").decode()
+        assert f"Tag: py3-none-manylinux_2_34_{HOST}" in zf.read("bgraph_fp4-0.1.0.dist-info/WHEEL").decode()
     assert names[:-1] == sorted(n for n in names[:-3]) + names[-3:-1]
 
 
