@@ -120,6 +120,10 @@ class ConfiguredGraph:
     # For planning: each configured target's dependency labels -> their configured targets.
     dep_labels: dict[Configured, dict[Label, Configured]]
 
+    def inputs(self, node: Configured, outputs: Outputs) -> dict:
+        """What `node`'s rule sees of its dependencies: label -> the output of its configuration."""
+        return {label: outputs[dep] for label, dep in self.dep_labels[node].items()}
+
 
 def configure(ws: Workspace, roots: list[Configured], forced: str | None = None) -> ConfiguredGraph:
     """Walk the dependencies of `roots`, configuring each edge (see the module docstring)."""

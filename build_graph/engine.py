@@ -201,8 +201,7 @@ class Engine:
         return compared
 
     def link_outputs(self, result: BuildResult, out_dir: Path) -> dict[str, Path]:
-        """bgraph-out/<package>/<name> (bgraph-out/<platform>/<package>/<name> for another target
-        platform: configs.Configured.out_path) -> the materialized output of each requested target."""
+        """bgraph-out/<Configured.out_path()> -> the materialized output of each requested target."""
         links = {}
         for label in result.requested:
             if label not in result.outputs:
@@ -253,9 +252,8 @@ class _BuildRun:
 
     def __init__(self, engine: Engine, labels: list[Label]):
         self.e = engine
-        opts = engine.options
-        self.labels = configs.requested(engine.ws, labels, opts.exec_platform, opts.platform)
-        self.graph = configs.configure(engine.ws, self.labels, opts.platform)
+        self.labels = configs.requested(engine.ws, labels, engine.options.exec_platform, engine.options.platform)
+        self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order
         for label in self.order:  # a missing source is a load error: report it before running anything
             expand_sources(engine.ws, engine.ws.targets[label.label])
@@ -361,9 +359,8 @@ class _BuildRun:
             try:
                 expanded = expand_sources(e.ws, target)
                 sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
-                deps = {lab: self.outputs[dep] for lab, dep in self.graph.dep_labels[label].items()}
-                plan = plan_target(e.ws, target, label.config, e.digester, deps, sources, expanded,
-                                   e.cas.read_bytes, e.probe_host)
+                plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
+                                   sources, expanded, e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, e.trace.load(str(label)))
                 self._dispatch(label, plan.start())
             except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
