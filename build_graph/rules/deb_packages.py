@@ -185,8 +185,9 @@ def plan_deb_packages(ctx: RuleContext) -> PlanGen:
     info = {"architecture": arch, "packages": {e.package: e.version for e in locked.packages}}
     if attrs.sysroot:
         return TargetOutput(tree, {**info, "sysroot": True})
-    # As a `tools`/`host` target, the tree is the system an action runs on (rules/base.py SYSTEM_ROOT).
-    return TargetOutput(tree, {**info, SYSTEM_ROOT: tree})
+    # As a `tools`/`host` target, the tree is the system an action runs on (rules/base.py SYSTEM_ROOT:
+    # its usr/, made once here and shared by every action's /usr mount).
+    return TargetOutput(tree, {**info, SYSTEM_ROOT: tree.subtree("usr")})
 
 
 def _unpacked(ctx: RuleContext, entry: LockEntry, mirrors: list[str]) -> PlanGen:
