@@ -1,0 +1,84 @@
+"""Patch files as hunks: a unified diff split into one small patch per hunk (parsed by
+unidiff), and the files a patch changes.
+
+`bgraph audit` applies a patch set with one hunk left out through the ordinary patched_tree
+rule, each remaining hunk as a patch file of its own; `bgraph why` follows a patch to the
+files it changes. A hunk's patch file is its file's `---`/`+++` lines and the hunk itself, so
+GNU patch applies it exactly as it applies that hunk inside the whole patch (at an offset
+where an earlier hunk of the same file was left out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import unidiff
+
+from build_graph.errors import LoadError
+
+
+@dataclass(frozen=True)
+class Hunk:
+    patch: str  # workspace path of the patch file
+    index: int  # 1-based position in the patch, over all its files
+    file: str  # the file it changes, as the patched tree names it (leading components stripped)
+    header: str  # its @@ line
+    added: int
+    removed: int
+    text: str  # a patch file holding this hunk alone
+
+    @property
+    def id(self) -> str:
+        return f"{self.patch}#{self.index}"
+
+
+def _stripped(name: str, strip: int) -> str:
+    """A path from a ---/+++ line with `strip` leading components removed (patch -p)."""
+    return "/".join(name.split("/")[strip:])
+
+
+def _parse(patch: str, text: str) -> unidiff.PatchSet:
+    try:
+        patched = unidiff.PatchSet(text)
+    except unidiff.UnidiffParseError as e:
+        raise LoadError(f"not a unified diff: {e}", where=patch) from None
+    if not any(len(pf) for pf in patched):
+        raise LoadError("the patch holds no hunk", where=patch)
+    for pf in patched:
+        if pf.is_binary_file:
+            raise LoadError(f"binary change to {pf.path} cannot be split into hunks", where=patch)
+    return patched
+
+
+def _changed_file(pf: unidiff.PatchedFile, strip: int) -> str:
+    name = pf.source_file if pf.target_file == "/dev/null" else pf.target_file
+    return _stripped(name, strip)
+
+
+def split(patch: str, text: str, strip: int = 1) -> list[Hunk]:
+    """Every hunk of the patch file `patch` (its content `text`), in order, each with a patch
+    text of its own."""
+    hunks: list[Hunk] = []
+    for pf in _parse(patch, text):
+        source = pf.source_file + (f"\t{pf.source_timestamp}" if pf.source_timestamp else "")
+        target = pf.target_file + (f"\t{pf.target_timestamp}" if pf.target_timestamp else "")
+        head = f"--- {source}\n+++ {target}\n"
+        for h in pf:
+            body = str(h)
+            hunks.append(Hunk(patch, len(hunks) + 1, _changed_file(pf, strip), body.split("\n", 1)[0],
+                              h.added, h.removed, head + body))
+    return hunks
+
+
+def files_changed(patch: str, text: str, strip: int = 1) -> list[str]:
+    """The files the patch changes (creates, edits or deletes), in order."""
+    return list(dict.fromkeys(_changed_file(pf, strip) for pf in _parse(patch, text)))
+
+
+def decode(data: bytes) -> str:
+    """A patch file's bytes as text, any byte kept (encode with `encode` to get them back)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
