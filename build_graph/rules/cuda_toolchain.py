@@ -30,10 +30,12 @@ class CudaToolchainAttrs(Attrs):
     libraries_prefix: str = Field("nvidia/cu13", description="directory of those wheels holding include/ and lib/")
     driver_stub: bool = Field(False, description="add lib/stubs/libcuda.so, a link stub for the CUDA driver "
                                                  "(no PyPI wheel ships it; the real driver is loaded at run time)")
+    overlay: str | None = Field(None, description="label of a tree laid over the assembled toolkit, its files "
+                                                  "replacing the wheels' (e.g. a patched CCCL: //toolchains:cccl-patched)")
 
 
 def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
-    return labels_in(attrs, "host", "libraries")
+    return labels_in(attrs, "host", "libraries", "overlay")
 
 
 def _wheel_trees(ctx: RuleContext, pins: list[str], platform: str) -> PlanGen:
@@ -73,6 +75,8 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
         # toolchain's own files win where both have a path.
         extra = ctx.dep(ctx.attrs.libraries, "libraries").tree.subtree(ctx.attrs.libraries_prefix)
         tree = extra.select(["include", "lib"]).overlaid(tree)
+    if ctx.attrs.overlay:
+        tree = tree.overlaid(ctx.dep(ctx.attrs.overlay, "overlay").tree)
     tree = tree.merged(toolkit_links(tree))
     host = ctx.dep(ctx.attrs.host, "host")
     toolchain = TargetOutput(tree, {"host": host.info})

@@ -25,13 +25,17 @@ done
 
 class PatchedTreeAttrs(Attrs):
     src: str = Field(description="label of the tree to patch")
-    patches: list[str] = Field(description="workspace paths or globs of patch files, applied in order")
+    patches: list[str] = Field(description="workspace paths or globs of patch files, applied in order; "
+                                           "none: the source tree as it is")
     strip: int = Field(1, ge=0, description="leading path components patch strips (-p)")
     tools: str = Field("//toolchains:host", description="host_tools target providing sh, cp and patch")
+    add: dict[str, str] = Field(default_factory=dict,
+                                description="directory in the tree ('' for its root) -> label of a tree added "
+                                            "there before patching (files the patches refer to, e.g. a header shim)")
 
 
 def patched_tree_deps(attrs: PatchedTreeAttrs):
-    return labels_in(attrs, "src", "tools")
+    return labels_in(attrs, "src", "tools", "add")
 
 
 def patched_tree_sources(attrs: PatchedTreeAttrs):
@@ -39,14 +43,21 @@ def patched_tree_sources(attrs: PatchedTreeAttrs):
 
 
 def plan_patched_tree(ctx: RuleContext) -> PlanGen:
-    """One sandboxed action: copy the tree, apply each patch in order."""
+    """One sandboxed action: copy the tree, apply each patch in order. Without patches the
+    tree is the source tree itself (with `add`'s trees), and nothing runs."""
     src = ctx.dep(ctx.attrs.src, "src")
-    patches = ctx.extra["expanded"]["patches"]
+    tree = src.tree
+    for prefix, label in sorted(ctx.attrs.add.items()):
+        try:
+            tree = tree.merged(ctx.dep(label, "add").tree.prefixed(prefix))
+        except ValueError as e:
+            raise ctx.fail(f"{label} does not fit under {prefix or 'the root'!r}: {e}", "add") from None
+    patches = ctx.extra["expanded"].get("patches", [])
     if not patches:
-        raise ctx.fail("no patch files match", "patches")
+        return TargetOutput(tree, {"patches": [], **dict(src.info)})
     [out] = yield [ctx.exec_action(
         "apply patches", "Patch", ["/bin/sh", "-c", APPLY, "apply", *patches],
-        inputs={"/bgraph/in/src": src.tree, SRC: ctx.sources.select(patches)},
+        inputs={"/bgraph/in/src": tree, SRC: ctx.sources.select(patches)},
         outputs=["tree"], env={"STRIP": str(ctx.attrs.strip)},
         host=ctx.dep(ctx.attrs.tools, "tools"), memory_mb=1024)]
     return TargetOutput(out.tree.subtree("tree"), {"patches": patches, **dict(src.info)})
