@@ -19,7 +19,7 @@ from build_graph.graph import dependency_map
 from build_graph.configs import Configured
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
-from build_graph.planner import TargetPlan, expand_sources, plan_target
+from build_graph.planner import TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss, Rebuilder
 from build_graph.scheduler import Scheduler
@@ -27,7 +27,7 @@ from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
 from build_graph.store.peaks import Peaks
-from build_graph.store.trace import Trace
+from build_graph.variants import Variant
 from build_graph.workspace import Workspace, host_platform
 
 
@@ -112,8 +112,9 @@ class NullReporter:
 
 class Engine:
     def __init__(self, ws: Workspace, cache_dir: Path, options: BuildOptions | None = None,
-                 reporter: Reporter | None = None, warn=None):
-        self.ws = ws
+                 reporter: Reporter | None = None, warn=None, variant: Variant | None = None):
+        self.variant = variant or Variant()  # the workspace as it is, or an audit's variant of it
+        self.ws = ws = self.variant.workspace(ws)
         self.options = options or BuildOptions()
         self.reporter = reporter or NullReporter()
         self.digester = Digester(ws.digest_function)
@@ -124,7 +125,7 @@ class Engine:
         if self.options.remote is not None and self.options.remote.url:
             self.ac = self.remote = _layered(self.ac, self.cas, self.digester, self.options.remote,
                                              warn or (lambda message: None))
-        self.trace = Trace(self.cas.base, self.cas.tmp)
+        self.trace = self.variant.trace(self.cas.base, self.cas.tmp)
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
@@ -256,7 +257,7 @@ class _BuildRun:
         self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order
         for label in self.order:  # a missing source is a load error: report it before running anything
-            expand_sources(engine.ws, engine.ws.targets[label.label])
+            engine.variant.expand(engine.ws, engine.ws.targets[label.label])
         self.outputs = configs.Outputs()
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
@@ -357,8 +358,8 @@ class _BuildRun:
             target = e.ws.targets[label.label]
             planned = time.monotonic()
             try:
-                expanded = expand_sources(e.ws, target)
-                sources = e.cas.store_sources(e.ws.root, [p for paths in expanded.values() for p in paths])
+                expanded = e.variant.expand(e.ws, target)
+                sources = e.variant.store(e.cas, e.ws.root, expanded)
                 plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
                                    sources, expanded, e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, e.trace.load(str(label)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Container
 
 from build_graph.errors import LoadError, PlanError, where
 from build_graph.configs import Config
@@ -17,8 +17,9 @@ from build_graph.rules.registry import RULES
 from build_graph.workspace import Target, Workspace
 
 
-def expand_sources(ws: Workspace, target: Target) -> dict[str, list[str]]:
-    """Each source attribute's workspace paths, globs expanded and sorted; missing files are errors."""
+def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = ()) -> dict[str, list[str]]:
+    """Each source attribute's workspace paths, globs expanded and sorted; missing files are errors.
+    `virtual`: paths that exist only in the CAS (a build variant's files, variants.py), named literally."""
     out: dict[str, list[str]] = {}
     for key, pattern in RULES[target.kind].sources(target.attrs):
         loc = where(target.file, target.table, key)
@@ -30,7 +31,7 @@ def expand_sources(ws: Workspace, target: Target) -> dict[str, list[str]]:
             if not matches:
                 raise LoadError(f"glob {pattern!r} matches no file", where=loc)
         else:
-            if not (ws.root / pattern).is_file():
+            if pattern not in virtual and not (ws.root / pattern).is_file():
                 raise LoadError(f"source file {pattern!r} does not exist", where=loc)
             matches = [pattern]
         out.setdefault(key, [])
