@@ -161,6 +161,8 @@ def cmd_why(args, console: Console) -> int:
     from build_graph.report import paths_tree
 
     ws = _workspace(args)
+    if not args.dest.startswith("//"):  # a patch or a file: down to the actions that read it
+        return _why_file(args, ws)
     g = build_graph(ws)
     a, b = (parse_label(x) for x in (args.source, args.dest))
     for lab in (a, b):
@@ -173,6 +175,59 @@ def cmd_why(args, console: Console) -> int:
     edges = sorted({(p[i], p[i + 1]) for p in paths for i in range(len(p) - 1)})
     out.print(f"{a} depends on {b} through {len(paths)} path(s):", highlight=False)
     out.print(paths_tree([n for p in paths for n in p], edges, root=a))
+    return 0
+
+
+def _workspace_path(ws: Workspace, text: str) -> str:
+    """A path given on the command line as the workspace names it: relative to the workspace
+    root (or, when it exists there, to the current directory); else as written (a path inside
+    a tree that no workspace file holds, e.g. csrc/x.cuh of a patched source tree)."""
+    import posixpath
+
+    path = Path(text)
+    for candidate in ([path] if path.is_absolute() else [ws.root / path, Path.cwd() / path]):
+        try:
+            if candidate.exists():
+                return candidate.resolve().relative_to(ws.root).as_posix()
+        except ValueError:
+            pass
+    return posixpath.normpath(text)
+
+
+def _why_file(args, ws: Workspace) -> int:
+    """`bgraph why LABEL FILE`: the path from LABEL through its targets, TUs and archs to the
+    recorded actions that read FILE (or the files the patch FILE changes)."""
+    from build_graph.audit_render import why_tree
+    from build_graph.graph import build_graph, somepath
+    from build_graph.model import Digester
+    from build_graph.provenance import Finder
+
+    label = parse_label(args.source)
+    ws.target(label)
+    subject = _workspace_path(ws, args.dest)
+    base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name
+    prov = Finder(ws, base).find(label, subject)
+    if args.json:
+        print(json.dumps(prov.to_json(), indent=1))
+        return 0 if prov.reads else 1
+    out = _stdout()
+    if not prov.reads:
+        why = ("no recorded build of it: run `bgraph build " + str(label) + "` first" if not prov.recorded
+               else "no action of its last build read it")
+        out.print(f"{label} reaches no action that read {subject} ({why})", highlight=False)
+        for p in prov.providers:
+            if p.label != label:
+                out.print(f"  {p.label} {'applies' if p.patch else 'holds'} it"
+                          + (f" (changes {', '.join(sorted(p.files))})" if p.patch else ""), highlight=False)
+        return 1
+    g = build_graph(ws)
+    chains = {r.target: [str(x) for x in somepath(g, label, parse_label(r.target.split(" ")[0]))] or
+              [str(label), r.target] for r in prov.reads}
+    tus = {(r.target, r.tu) for r in prov.reads if r.tu}
+    targets = sorted({str(p.label) for p in prov.providers})
+    out.print(f"{label} reaches {subject} ({', '.join(targets)}) through {len({r.target for r in prov.reads})} "
+              f"target(s), {len(tus)} TU(s), {len(prov.reads)} action read(s):", highlight=False)
+    out.print(why_tree(prov, chains))
     return 0
 
 
@@ -207,6 +262,33 @@ def cmd_explain(args, console: Console) -> int:
     if quiet:
         out.print(f"[dim]{quiet} dependencies ran nothing in their last build[/]", highlight=False)
     return 0
+
+
+def cmd_audit(args, console: Console) -> int:
+    """`bgraph audit LABEL`: build LABEL with and without each patch hunk in its closure and say
+    what each one changes (audit.py)."""
+    from build_graph.audit import Audit, AuditOptions
+    from build_graph.audit_render import audit_lines
+    from build_graph.engine import NullReporter
+    from build_graph.report import RichReporter
+
+    ws = _workspace(args)
+    label = parse_label(args.label)
+    ws.target(label)
+    options = AuditOptions(jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
+                           max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
+                           only=args.only or [])
+    live = console.is_terminal and not console.is_dumb_terminal
+    report = Audit(ws, cache_dir(ws, args.cache_dir), label, options,
+                   progress=lambda line: console.print(f"[dim]{_escape(line)}[/]", highlight=False),
+                   reporter=(lambda: RichReporter(console, options.jobs)) if live else NullReporter).run()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        out = _stdout()
+        for line in audit_lines(report):
+            out.print(line, highlight=False, markup=False)
+    return 0 if report["baseline"]["ok"] else 1
 
 
 def cmd_exec(args, console: Console) -> int:
@@ -393,9 +475,11 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--output", choices=["label", "tree", "json"], default="label")
     q.set_defaults(fn=cmd_query)
 
-    w = sub.add_parser("why", help="the dependency paths from A to B, as a tree")
+    w = sub.add_parser("why", help="the dependency paths from A to B, as a tree; with a patch or a file as B, "
+                                   "down to the TUs, archs and actions of A's last build that read it")
     w.add_argument("source")
-    w.add_argument("dest")
+    w.add_argument("dest", help="a label, or a patch or file path")
+    w.add_argument("--json", action="store_true", help="(patch or file) the reading actions as JSON")
     w.set_defaults(fn=cmd_why)
 
     e = sub.add_parser("explain", help="what ran in the last build of LABEL, and why")
@@ -403,6 +487,16 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="this target's records only, as JSON")
     e.add_argument("--all", action="store_true", help="list every cut-off and cached action too")
     e.set_defaults(fn=cmd_explain)
+
+    a = sub.add_parser("audit", help="build LABEL with and without each patch hunk in its closure: which hunks "
+                                     "are dead, live (which TUs, archs, outputs) or break the build")
+    a.add_argument("label")
+    a.add_argument("--json", action="store_true", help="the whole report as JSON")
+    a.add_argument("--only", action="append", metavar="PATTERN",
+                   help="audit only hunks whose id (PATCH#N) or patch path matches (fnmatch; repeatable)")
+    a.add_argument("-j", "--jobs", type=int, help="parallel actions (default: cores)")
+    a.add_argument("--max-mem", type=int, help="memory budget in MiB for running actions (default: 80%% of RAM)")
+    a.set_defaults(fn=cmd_audit)
 
     c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it; keygen: a signing key")
     csub = c.add_subparsers(dest="action", required=True)
