@@ -1,0 +1,250 @@
+"""`bgraph audit` (audit.py, variants.py) and `bgraph why LABEL FILE` (provenance.py), with the real
+nvcc 13.0, bubblewrap and GNU patch, on a small patched project: a header patched by two patches,
+compiled by a cuda_library for 12.0a and 12.1a. The first patch's hunks are one of each kind:
+
+  #1  K_SCALE 1 -> 2                        live for both archs and the host side
+  #2  two comment lines                     dead (the preprocessed text moves lines only)
+  #3  inside `#if __CUDA_ARCH__ == 1210`    live for 12.1a only
+  #4  #define K_BIAS (the kernel uses it)   breaks the build without it
+
+and the second patch edits #4's line (it applies only on top of #4: the two are left out together).
+
+Also the legacy DGX Spark targets: their closure, the patches applying to vLLM 0.33.0 and CCCL,
+the FP4 shim defining nothing with CUDA 13.0. The audit of the real vLLM wheel (hours) is slow.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+
+import pytest
+
+from bgraph_testlib import WS, workspace_copy
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+FILLER = "".join(f"// {i}\n" for i in range(1, 9))
+HEADER = f"""#pragma once
+// k.cuh: the constants and helpers of the kernels in k/
+#define K_SCALE 1.0f
+{FILLER}// Notes for the kernels' authors.
+{FILLER}__device__ inline float k_tune(float x) {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1210
+  return x;
+#else
+  return x;
+#endif
+}}
+{FILLER}// end of k.cuh
+"""
+PATCHED = (HEADER.replace("#define K_SCALE 1.0f", "#define K_SCALE 2.0f")
+           .replace("// Notes for the kernels' authors.\n",
+                    "// Notes for the kernels' authors.\n// (the sm_121 notes moved to k/README)\n// keep it short\n")
+           .replace("  return x;\n#else", "  return x * 0.5f;\n#else")
+           .replace("// end of k.cuh", "#define K_BIAS 3.0f\n// end of k.cuh"))
+BIASED = PATCHED.replace("#define K_BIAS 3.0f", "#define K_BIAS 4.0f")
+KERNEL = """#include "k.cuh"
+__global__ void scale(float* x) { x[0] = k_tune(x[0] * K_SCALE) + K_BIAS; }
+#ifndef __CUDA_ARCH__
+float host_scale() { return K_SCALE; }
+#endif
+"""
+TARGETS = """# The header as a tree, patched, and compiled into a library through an ext mount.
+[hdrs-orig]
+kind = "genrule"
+srcs = ["inc/k.cuh"]
+outs = ["k.cuh"]
+cmd = "cp $SRC/inc/k.cuh $OUT/k.cuh"
+
+[hdrs]
+kind = "patched_tree"
+src = ":hdrs-orig"
+patches = ["patches/t/*.patch"]
+
+[lib]
+kind = "cuda_library"
+srcs = ["k/a.cu"]
+ext = { hdr = ":hdrs" }
+archs = ["12.0a", "12.1a"]
+copts = ["-I/bgraph/ext/hdr"]
+
+# The legacy toolchain's CCCL and FP4 shim at work on a TU that uses FP4 types.
+[fp4]
+kind = "cuda_library"
+srcs = ["k/fp4.cu"]
+archs = ["12.1a"]
+toolchain = "//toolchains:cuda-13.0-legacy"
+"""
+FP4_TU = """#include <nv_fp4_dummy.h>
+#include <cuda/std/limits>
+#if defined(NV_FP4_DUMMY)
+#error "the shim defined FP4 types of its own although CUDA 13.0 has cuda_fp4.h"
+#endif
+__global__ void to_fp4(__nv_fp4_e2m1* out, const float* in) { out[0] = __nv_fp4_e2m1(in[0]); }
+"""
+P1, P2 = "patches/t/0001-k.patch", "patches/t/0002-bias.patch"
+
+
+def diff(a: str, b: str) -> str:
+    return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), "a/k.cuh", "b/k.cuh"))
+
+
+@pytest.fixture(scope="module")
+def ws(module_tmp) -> WS:
+    ws = WS(workspace_copy(module_tmp / "ws"), module_tmp / "cache")
+    ws.write({"inc/k.cuh": HEADER, "k/a.cu": KERNEL, "k/fp4.cu": FP4_TU, "targets/t.toml": TARGETS,
+              P1: "The header's patch: one hunk of each kind.\n\n" + diff(HEADER, PATCHED), P2: diff(PATCHED, BIASED)})
+    return ws
+
+
+@pytest.fixture(scope="module")
+def report(ws) -> dict:
+    run = ws.cli("audit", "--json", "//t:lib", timeout=900)
+    assert run.rc == 0, run.output
+    return run.json
+
+
+def hunk(report: dict, unit_id: str) -> dict:
+    [found] = [u for p in report["patches"] for u in p["units"] if u["id"] == unit_id]
+    return found
+
+
+def test_one_hunk_of_each_kind(report):
+    assert report["baseline"]["ok"] and report["hunks"] == 5
+    live = hunk(report, f"{P1}#1")
+    assert live["verdict"] == "live"
+    assert live["tus"] == ["k/a.cu"] and live["archs"] == ["120a", "121a"] and live["host"] == ["k/a.cu"]
+    assert {(c["tu"], c["arch"], c["change"]) for c in live["device_preprocessed"]} == {
+        ("k/a.cu", "120a", "code"), ("k/a.cu", "121a", "code")}
+    assert [c["change"] for c in live["host_preprocessed"]] == ["code"]
+    assert {c["arch"] for c in live["cubins"]} == {"120a", "121a"}
+    assert [c["tu"] for c in live["objects"]] == ["k/a.cu"]
+    assert {f["path"] for f in live["outputs"]} == {"//t:lib:liblib.a", "//t:lib:obj/k_a.cu.o"}
+
+    dead = hunk(report, f"{P1}#2")
+    assert dead["verdict"] == "dead" and dead["archs"] == [] and dead["tus"] == [] and dead["outputs"] == []
+    # The comment lines move what follows them: the preprocessed text differs in positions only.
+    assert dead["device_preprocessed"] and all(c["change"] == "positions" for c in dead["device_preprocessed"])
+
+    one_arch = hunk(report, f"{P1}#3")
+    assert one_arch["verdict"] == "live" and one_arch["archs"] == ["121a"] and one_arch["host"] == []
+    assert [(c["arch"], c["change"]) for c in one_arch["device_preprocessed"]] == [("121a", "code")]
+    assert [c["arch"] for c in one_arch["cubins"]] == ["121a"] and [c["arch"] for c in one_arch["ptx"]] == ["121a"]
+
+    breaks = hunk(report, f"{P1}#4")
+    assert breaks["verdict"] == "breaks the build"
+    assert 'identifier "K_BIAS" is undefined' in breaks["error"]
+
+
+def test_hunks_that_only_apply_together_are_left_out_together(report):
+    breaks = hunk(report, f"{P1}#4")
+    assert breaks["group"] == [f"{P1}#4", f"{P2}#1"]  # 0002 edits the line #4 adds
+    assert "applies only together with" in breaks["note"]
+    # Left out alone, the second patch's hunk is an ordinary live one.
+    second = hunk(report, f"{P2}#1")
+    assert second["group"] == [f"{P2}#1"] and second["verdict"] == "live" and second["archs"] == ["120a", "121a"]
+
+
+def test_a_variant_costs_what_its_hunk_touches_and_a_second_audit_nothing(ws, report):
+    # #3 (sm_121a only) re-runs 121a's device steps, never 120a's: the rest comes from the cache.
+    assert 0 < hunk(report, f"{P1}#3")["cost"]["executed"] < hunk(report, f"{P1}#1")["cost"]["executed"]
+    again = ws.cli("audit", "--json", "//t:lib", timeout=600)
+    assert again.rc == 0, again.output
+    assert again.json["cost"]["executed"] == 0 and again.json["baseline"]["executed"] == 0
+    assert [u["verdict"] for p in again.json["patches"] for u in p["units"]] == \
+        [u["verdict"] for p in report["patches"] for u in p["units"]]
+    # The variants keep traces of their own: the ordinary build is still a no-op.
+    build = ws.build("//t:lib")
+    assert build.rc == 0 and build.json["executed"] == 0
+
+
+def test_text_report_has_one_line_per_patch_then_its_hunks(ws, report):
+    run = ws.cli("audit", "//t:lib", "--only", f"{P1}*", timeout=600)
+    assert run.rc == 0, run.output
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("audit //t:lib: 4 hunk(s) in 1 patch(es)")
+    assert lines[1] == f"{P1} (//t:hdrs): 2 live, 1 dead, 1 breaks the build"
+    text = run.stdout
+    assert "#1 k.cuh @@ -1,6 +1,6 @@ (+1 -1): live: TUs k/a.cu; archs 120a, 121a; host code of k/a.cu" in text
+    assert "#2 k.cuh @@ -10,6 +10,8 @@ (+2 -0): dead (moves lines only" in text
+    assert "#3 k.cuh @@ -20,7 +22,7 @@ (+1 -1): live: TUs k/a.cu; archs 121a\n" in text
+    assert '#4 k.cuh @@ -33,4 +35,5 @@ (+1 -0): breaks the build: /bgraph/src/k/a.cu(2): error: identifier "K_BIAS"' in text
+
+
+def test_a_hunk_that_breaks_the_build_when_present(ws, report, module_tmp):
+    """Where LABEL fails with every hunk, a hunk it builds without is the one that breaks it."""
+    broken = WS(module_tmp / "broken", ws.cache)
+    shutil.copytree(ws.root, broken.root, ignore=shutil.ignore_patterns("bgraph-out"))
+    broken.write({"patches/t/0003-wip.patch": diff(BIASED, BIASED.replace("// end of k.cuh", "#error unfinished\n// end of k.cuh"))})
+    run = broken.cli("audit", "--json", "//t:lib", "--only", "patches/t/0003*", timeout=600)
+    assert run.rc == 1, run.output  # the baseline fails
+    assert run.json["baseline"]["ok"] is False and "unfinished" in run.json["baseline"]["error"]
+    [wip] = [u for p in run.json["patches"] for u in p["units"]]
+    assert wip["verdict"] == "breaks the build" and wip["note"] == "//t:lib fails with it and builds without it"
+
+
+def test_why_reaches_down_to_tu_and_arch(ws, report):
+    run = ws.cli("why", "--json", "//t:lib", P1)
+    assert run.rc == 0, run.output
+    reads = {(r["target"], r["tu"], r["arch"], r["file"], r["provider"]) for r in run.json["reads"]}
+    assert reads == {("//t:lib", "k/a.cu", arch, "k.cuh", "//t:hdrs") for arch in ("120a", "121a", None)}
+    text = ws.cli("why", "//t:lib", P1).stdout
+    assert "//t:lib reaches patches/t/0001-k.patch (//t:hdrs) through 1 target(s), 1 TU(s), 3 action read(s):" in text
+    for line in ("└── TU k/a.cu", "arch 121a (devpp)", "arch 120a (devpp)", "host (hostpp)",
+                 "k.cuh <- patches/t/0001-k.patch, applied by //t:hdrs"):
+        assert line in text, text
+    # A workspace file read by the TU, and a label as before.
+    assert "k/a.cu <- from //t:lib" in ws.cli("why", "//t:lib", "k/a.cu").stdout
+    assert ws.cli("why", "//t:lib", "//t:hdrs").stdout.startswith("//t:lib depends on //t:hdrs through 1 path(s)")
+    missing = ws.cli("why", "//t:lib", "inc/nothing.h")
+    assert missing.rc == 1 and "reaches no action that read inc/nothing.h" in missing.stdout
+
+
+def test_the_legacy_wheel_depends_on_the_shim_and_the_patched_cccl(ws):
+    run = ws.cli("query", "deps(//wheels:vllm-sm121-legacy)")
+    assert run.rc == 0, run.output
+    labels = run.stdout.split()
+    for label in ("//toolchains:fp4-shim", "//toolchains:cccl-patched", "//vllm:cuda-toolkit-legacy",
+                  "//vllm:build-sm121-legacy", "//sources:vllm-legacy-patched"):
+        assert label in labels
+    path = ws.cli("why", "//wheels:vllm-sm121-legacy", "//toolchains:fp4-shim").stdout
+    assert "//toolchains:cccl-patched" in path and "//vllm:cuda-toolkit-legacy" in path
+
+
+def test_the_legacy_patches_apply_and_the_shim_is_inert_with_cuda_13(ws):
+    run = ws.build("//sources:vllm-legacy-patched", "//toolchains:cccl-patched", "//t:fp4")
+    assert run.rc == 0, run.output
+    cccl = ws.root / "bgraph-out" / "toolchains" / "cccl-patched"
+    assert (cccl / "include" / "nv_fp4_dummy.h").read_text().startswith("// nv_fp4_dummy.h")
+    assert "_CCCL_NVFP4_FROM_SHIM" in (cccl / "include/cccl/cuda/std/__floating_point/nvfp_types.h").read_text()
+    vllm = ws.root / "bgraph-out" / "sources" / "vllm-legacy-patched"
+    utils = (vllm / "csrc/quantization/fp4/nvfp4_utils.cuh").read_text()
+    assert utils.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1210") == 4
+    assert '"7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0;12.1"' in (vllm / "CMakeLists.txt").read_text()
+
+
+@pytest.mark.slow
+def test_audit_of_the_legacy_vllm_wheel_agrees_with_domain(ws):
+    """Hours on 2 cores (each CCCL hunk recompiles everything): DOMAIN.md's verdicts, measured."""
+    run = ws.cli("audit", "--json", "//wheels:vllm-sm121-legacy", timeout=86400)
+    assert run.rc == 0, run.output
+    report = run.json
+    e2m1 = "patches/legacy-dgx/vllm/0003-nvfp4-software-e2m1-sm121.patch"
+    for i in (2, 3, 4):  # the functions' software paths: live for 12.1a, in vLLM's FP4 TUs
+        u = hunk(report, f"{e2m1}#{i}")
+        assert u["verdict"] == "live" and u["archs"] == ["121a"] and u["host"] == []
+        assert any("nvfp4_quant_kernels.cu" in tu for tu in u["tus"])
+    assert hunk(report, f"{e2m1}#1")["verdict"] == "breaks the build"  # the helper the others call
+    archs = hunk(report, "patches/legacy-dgx/vllm/0001-cuda-supported-archs-add-12.1.patch#1")
+    assert archs["verdict"] == "live"  # without 12.1 supported, every TU builds 12.0f instead of 12.1a
+    assert archs["archs_only_with"] == ["121a"] and archs["archs_only_without"] == ["120f"]
+    for u in [u for p in report["patches"] for u in p["units"]]:
+        if "arch-lists" in u["id"] or "cccl" in u["id"] or u["id"].endswith(" add include"):
+            assert u["verdict"] == "dead", u  # 12.1f beside 12.0f, the 12.8 branch, the CCCL patch, the shim
+
+    # For 12.0f the software E2M1 is dead: `__CUDA_ARCH__ == 1210` never holds.
+    run = ws.cli("audit", "--json", "//vllm:smoke-fp4-sm12x-legacy", "--only", e2m1, timeout=86400)
+    assert run.rc == 0, run.output
+    assert [u["verdict"] for p in run.json["patches"] for u in p["units"]] == ["dead"] * 4
