@@ -119,6 +119,6 @@ def why_tree(prov, chains: dict[str, list[str]]):
             key = child(key + ("arch", r.arch), key, f"arch {r.arch} ({step})" if r.arch else f"host ({step})")
         else:
             key = child(key + ("action", r.action), key, r.action)
-        via = f"{r.provider.patch}, applied by {r.provider.label}" if r.provider.patch else f"from {r.provider.label}"
+        via = r.provider.via()
         child(key + ("file", r.file, via), key, f"{r.file} <- {via}")
     return root

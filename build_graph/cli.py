@@ -216,7 +216,7 @@ def _why_file(args, ws: Workspace) -> int:
                else "no action of its last build read it")
         out.print(f"{label} reaches no action that read {subject} ({why})", highlight=False)
         for p in prov.providers:
-            if p.label != label:
+            if p.label is not None and p.label != label:
                 out.print(f"  {p.label} {'applies' if p.patch else 'holds'} it"
                           + (f" (changes {', '.join(sorted(p.files))})" if p.patch else ""), highlight=False)
         return 1
@@ -224,9 +224,12 @@ def _why_file(args, ws: Workspace) -> int:
     chains = {r.target: [str(x) for x in somepath(g, label, parse_label(r.target.split(" ")[0]))] or
               [str(label), r.target] for r in prov.reads}
     tus = {(r.target, r.tu) for r in prov.reads if r.tu}
-    targets = sorted({str(p.label) for p in prov.providers})
-    out.print(f"{label} reaches {subject} ({', '.join(targets)}) through {len({r.target for r in prov.reads})} "
-              f"target(s), {len(tus)} TU(s), {len(prov.reads)} action read(s):", highlight=False)
+    targets = sorted({str(p.label) for p in prov.providers if p.label is not None})
+    out.print(f"{label} reaches {subject}" + (f" ({', '.join(targets)})" if targets else "")
+              + f" through {len({r.target for r in prov.reads})} target(s), {len(tus)} TU(s), "
+              f"{len(prov.reads)} action read(s):", highlight=False)
+    if not out.is_terminal:
+        out.width = 100_000  # piped: whole paths on each line (rich would cut them at 80 columns)
     out.print(why_tree(prov, chains))
     return 0
 

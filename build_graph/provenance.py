@@ -18,7 +18,7 @@ from build_graph import patches as patchlib
 from build_graph.audit import _subject_of, target_arch, target_archs
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.graph import dependency_map, deps_in_order
-from build_graph.labels import Label
+from build_graph.labels import Label, parse_label
 from build_graph.model import Digester, FileEntry
 from build_graph.planner import expand_sources
 from build_graph.store.action_cache import LocalActionCache
@@ -32,9 +32,19 @@ class Provider:
     """A target that gives the file(s): a patched_tree applying the patch, or a target with
     the file among its sources."""
 
-    label: Label
+    label: Label | None  # None: no target of the closure names the file (it is looked for by path)
     files: dict[str, str | None]  # path in the target's output (or workspace path) -> digest, if known
     patch: str | None = None
+    added_from: str | None = None  # a tree a patched_tree adds (`add`) holds it
+
+    def via(self) -> str:
+        if self.label is None:
+            return "found by its path"
+        if self.patch:
+            return f"{self.patch}, applied by {self.label}"
+        if self.added_from:
+            return f"{self.added_from}, added by {self.label}"
+        return f"from {self.label}"
 
 
 @dataclass
@@ -58,10 +68,11 @@ class Provenance:
 
     def to_json(self) -> dict[str, Any]:
         return {"label": str(self.label), "file": self.subject, "recorded": self.recorded,
-                "providers": [{"target": str(p.label), "patch": p.patch, "files": sorted(p.files)}
-                              for p in self.providers],
+                "providers": [{"target": p.label and str(p.label), "patch": p.patch, "added_from": p.added_from,
+                               "files": sorted(p.files)} for p in self.providers],
                 "reads": [{"target": r.target, "action": r.action, "mnemonic": r.mnemonic, "tu": r.tu,
-                           "arch": r.arch, "file": r.file, "provider": str(r.provider.label)} for r in self.reads]}
+                           "arch": r.arch, "file": r.file, "provider": r.provider.label and str(r.provider.label)}
+                          for r in self.reads]}
 
 
 class Finder:
@@ -72,6 +83,7 @@ class Finder:
         self.ac = LocalActionCache(base, base.parent / "tmp", create=False)
         self._cas = None
         self.base = base
+        self._trees: dict[str, Any] = {}  # mounted trees by digest (one toolkit for a thousand actions)
 
     @property
     def cas(self) -> LocalCas:
@@ -112,6 +124,11 @@ class Finder:
                     if patch == path or path in changed:
                         files = changed if patch == path else [path]
                         out.append(Provider(lab, {f: _digest_in(made, f) for f in files}, patch))
+                for prefix, source in target.attrs.add.items():
+                    if not prefix or path.startswith(prefix.rstrip("/") + "/"):
+                        if made is None or path in made.entries:
+                            out.append(Provider(lab, {path: _digest_in(made, path)},
+                                                added_from=str(parse_label(source, package=lab.package))))
             if any(path in paths for paths in expanded.values()):
                 out.append(Provider(lab, {path: self.digester.of((self.ws.root / path).read_bytes())}))
         return out
@@ -182,18 +199,20 @@ class Finder:
             return read.get(f, digest) == digest if "*" not in read else True
         mounted = desc.get("inputs", {}).get(mount)
         if mounted and mounted != "narrowed":
-            try:
-                found = self.cas.get_tree(mounted).entries.get(f)
-            except Exception:
-                return True
-            return getattr(found, "digest", None) == digest
+            if mounted not in self._trees:
+                try:
+                    self._trees[mounted] = self.cas.get_tree(mounted)
+                except Exception:
+                    self._trees[mounted] = None
+            tree = self._trees[mounted]
+            return tree is None or getattr(tree.entries.get(f), "digest", None) == digest
         return True
 
     def find(self, label: Label, path: str) -> Provenance:
         closure = deps_in_order(dependency_map(self.ws), [label])
         providers = self.providers(closure, path)
         if not providers:  # a file inside some tree no patch touches: look for it by path alone
-            providers = [Provider(label, {path: None})]
+            providers = [Provider(None, {path: None})]
         reads, recorded = self.reads(closure, providers)
         return Provenance(label, path, providers, reads, recorded)
 

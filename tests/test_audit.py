@@ -173,18 +173,6 @@ def test_text_report_has_one_line_per_patch_then_its_hunks(ws, report):
     assert '#4 k.cuh @@ -33,4 +35,5 @@ (+1 -0): breaks the build: /bgraph/src/k/a.cu(2): error: identifier "K_BIAS"' in text
 
 
-def test_a_hunk_that_breaks_the_build_when_present(ws, report, module_tmp):
-    """Where LABEL fails with every hunk, a hunk it builds without is the one that breaks it."""
-    broken = WS(module_tmp / "broken", ws.cache)
-    shutil.copytree(ws.root, broken.root, ignore=shutil.ignore_patterns("bgraph-out"))
-    broken.write({"patches/t/0003-wip.patch": diff(BIASED, BIASED.replace("// end of k.cuh", "#error unfinished\n// end of k.cuh"))})
-    run = broken.cli("audit", "--json", "//t:lib", "--only", "patches/t/0003*", timeout=600)
-    assert run.rc == 1, run.output  # the baseline fails
-    assert run.json["baseline"]["ok"] is False and "unfinished" in run.json["baseline"]["error"]
-    [wip] = [u for p in run.json["patches"] for u in p["units"]]
-    assert wip["verdict"] == "breaks the build" and wip["note"] == "//t:lib fails with it and builds without it"
-
-
 def test_why_reaches_down_to_tu_and_arch(ws, report):
     run = ws.cli("why", "--json", "//t:lib", P1)
     assert run.rc == 0, run.output
@@ -200,6 +188,21 @@ def test_why_reaches_down_to_tu_and_arch(ws, report):
     assert ws.cli("why", "//t:lib", "//t:hdrs").stdout.startswith("//t:lib depends on //t:hdrs through 1 path(s)")
     missing = ws.cli("why", "//t:lib", "inc/nothing.h")
     assert missing.rc == 1 and "reaches no action that read inc/nothing.h" in missing.stdout
+
+
+def test_a_hunk_that_breaks_the_build_when_present(ws, report, module_tmp):
+    """Where LABEL fails with every hunk, a hunk it builds without is the one that breaks it."""
+    broken = WS(module_tmp / "broken", ws.cache)
+    shutil.copytree(ws.root, broken.root, ignore=shutil.ignore_patterns("bgraph-out"))
+    broken.write({"patches/t/0003-wip.patch": diff(BIASED, BIASED.replace("// end of k.cuh", "#error unfinished\n// end of k.cuh"))})
+    run = broken.cli("audit", "--json", "//t:lib", "--only", "patches/t/0003*", timeout=600)
+    assert run.rc == 1, run.output  # the baseline fails
+    assert run.json["baseline"]["ok"] is False and "unfinished" in run.json["baseline"]["error"]
+    [wip] = [u for p in run.json["patches"] for u in p["units"]]
+    assert wip["verdict"] == "breaks the build" and wip["note"] == "//t:lib fails with it and builds without it"
+    # The traces are the cache's (per label): the other workspace's last build of //t:hdrs is now
+    # the one `why` would see; building this workspace's again makes it this one's.
+    assert ws.build("//t:lib").rc == 0
 
 
 def test_the_legacy_wheel_depends_on_the_shim_and_the_patched_cccl(ws):
@@ -223,6 +226,14 @@ def test_the_legacy_patches_apply_and_the_shim_is_inert_with_cuda_13(ws):
     utils = (vllm / "csrc/quantization/fp4/nvfp4_utils.cuh").read_text()
     assert utils.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1210") == 4
     assert '"7.5;8.0;8.6;8.7;8.9;9.0;10.0;11.0;12.0;12.1"' in (vllm / "CMakeLists.txt").read_text()
+    # `why` follows the CCCL patch into the toolkit the TU compiled with, and the shim to where it was added.
+    why = ws.cli("why", "--json", "//t:fp4", "patches/legacy-dgx/cccl/0001-nvfp4-types-from-shim.patch")
+    assert why.rc == 0, why.output
+    reads = {(r["file"], r["arch"], r["provider"]) for r in why.json["reads"]}
+    assert ("include/cccl/cuda/std/__floating_point/nvfp_types.h", "121a", "//toolchains:cccl-patched") in reads
+    assert ("include/cccl/cuda/std/__cccl/extended_data_types.h", None, "//toolchains:cccl-patched") in reads
+    shim = ws.cli("why", "//t:fp4", "include/nv_fp4_dummy.h").stdout
+    assert "include/nv_fp4_dummy.h <- //toolchains:fp4-shim, added by //toolchains:cccl-patched" in shim
 
 
 @pytest.mark.slow
