@@ -173,7 +173,7 @@ def snapshot(engine: Engine, result: BuildResult, labels: list[Label], extra: li
 
 
 # -- comparing two builds ----------------------------------------------------------------
-def _subject_of(name: str, mnemonic: str) -> tuple[str | None, str | None]:
+def action_subject(name: str, mnemonic: str) -> tuple[str | None, str | None]:
     """(TU, arch) an action works on, from its name ("devpp k/a.cu 121a", "compile x.o")."""
     if mnemonic not in STAGES or mnemonic == "CmakeConfigure" or " " not in name:
         return None, None
@@ -256,7 +256,7 @@ class Comparer:
             if v is None and not var.ok:
                 continue  # not reached in the failed variant: nothing to say
             mnemonic = (b or v)[0]
-            tu, arch = _subject_of(name, mnemonic)
+            tu, arch = action_subject(name, mnemonic)
             if b is None or v is None:
                 change = "only without" if b is None else "only with"
             elif mnemonic in PREPROCESS and self.positions_only(b[1], v[1]):
@@ -283,7 +283,7 @@ def target_archs(named: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
     archs: dict[str, set[str]] = {}
     for name, mnemonic in named:
         if mnemonic in ("CudaCicc", "CudaPtxas"):
-            tu, arch = _subject_of(name, mnemonic)
+            tu, arch = action_subject(name, mnemonic)
             archs.setdefault(tu, set()).add(arch)
     return archs
 

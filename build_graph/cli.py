@@ -1,4 +1,4 @@
-"""bgraph commands: build, query, why, explain, exec, cache. Wires concrete objects; holds no logic."""
+"""bgraph commands: build, query, why, explain, audit, exec, cache, deb. Wires concrete objects; holds no logic."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from build_graph import patches as patchlib
-from build_graph.audit import _subject_of, target_arch, target_archs
+from build_graph.audit import action_subject, target_arch, target_archs
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.graph import dependency_map, deps_in_order
 from build_graph.labels import Label, parse_label
@@ -160,7 +160,7 @@ class Finder:
                 if not hits:
                     continue
                 entry = self._manifest_entry(info.get("key"), rec["key"])
-                tu, arch = _subject_of(rec["name"], rec.get("mnemonic", ""))
+                tu, arch = action_subject(rec["name"], rec.get("mnemonic", ""))
                 arch = target_arch(tu, arch, archs)
                 for provider, f, mount in hits:
                     if not self._same_digest(provider.files[f], entry, desc, mount, f):

@@ -16,7 +16,6 @@ the FP4 shim defining nothing with CUDA 13.0. The audit of the real vLLM wheel (
 from __future__ import annotations
 
 import difflib
-import json
 import shutil
 
 import pytest
@@ -109,6 +108,19 @@ def report(ws) -> dict:
 def hunk(report: dict, unit_id: str) -> dict:
     [found] = [u for p in report["patches"] for u in p["units"] if u["id"] == unit_id]
     return found
+
+
+def test_what_moves_lines_only_and_the_verdicts():
+    from build_graph.audit import code_lines, verdict
+
+    a = b'# 1 "k.cuh"\n#pragma once\nint x;\n\n# 7 "k.cuh" 2\nint y;\n'
+    b = b'# 1 "k.cuh"\n#pragma once\nint x;\n\n\n\n# 9 "k.cuh" 2\n#line 12\nint y;\n'
+    assert code_lines(a) == code_lines(b) == [b"#pragma once", b"int x;", b"int y;"]
+    assert code_lines(a) != code_lines(a.replace(b"int y", b"int z"))
+    moved = {"change": "positions"}
+    assert verdict([moved], [moved]) == "dead" and verdict([], []) == "dead"
+    assert verdict([moved, {"change": "code"}], []) == "live" and verdict([], [{"change": "code"}]) == "live"
+    assert verdict([{"change": "only without"}], []) == "live"
 
 
 def test_one_hunk_of_each_kind(report):
