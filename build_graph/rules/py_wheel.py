@@ -185,14 +185,14 @@ def _shared_library(path: str) -> bool:
 
 
 def _check_abi(ctx: RuleContext, content: Tree) -> None:
-    """abi3 wheels hold only limited-API extensions; an untagged one holds none."""
+    """abi3 wheels hold only limited-API extensions; an audited untagged one holds none."""
     a = ctx.attrs
     names = [p.rpartition("/")[2] for p in content.entries]
     versioned = [n for n in names if re.search(r"\.cpython-[^.]+\.so$", n)]
     abi3 = [n for n in names if n.endswith(".abi3.so")]
     if a.abi_tag == "abi3" and versioned:
         raise ctx.fail(f"abi_tag abi3, but {versioned[0]} is built for one CPython version", "abi_tag")
-    if a.abi_tag == "none" and (versioned or abi3):
+    if a.abi_tag == "none" and a.audit and (versioned or abi3):
         raise ctx.fail(f"the wheel holds the Python extension {(versioned or abi3)[0]}: tag its ABI", "abi_tag",
                        hint='python_tag = "cp38" and abi_tag = "abi3" for limited-API (*.abi3.so) extensions')
 
