@@ -235,14 +235,15 @@ def _why_file(args, ws: Workspace) -> int:
 
 
 def cmd_explain(args, console: Console) -> int:
-    from build_graph.graph import dependency_map, deps_in_order
+    from build_graph import configs
     from build_graph.model import Digester
     from build_graph.report import render_explain
     from build_graph.store.trace import Trace
 
     ws = _workspace(args)
-    label = parse_label(args.label)
-    ws.target(label)
+    ws.target(parse_label(args.label))
+    # the label in the configuration a build of it has (its own platform, or --platform's)
+    [label] = configs.requested(ws, [parse_label(args.label)], None, args.platform)
     base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name
     trace = Trace(base, base.parent / "tmp")
     data = trace.load(str(label))
@@ -254,7 +255,7 @@ def cmd_explain(args, console: Console) -> int:
     # Then each dependency whose last build ran something: the causes usually live there
     # (a patched header recompiles TUs of the imported CMake project under a wheel).
     quiet = 0
-    for dep in reversed(deps_in_order(dependency_map(ws), [label])):
+    for dep in reversed(configs.configure(ws, [label], args.platform).order):
         if dep == label:
             continue
         dep_data = trace.load(str(dep))
@@ -489,6 +490,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("label")
     e.add_argument("--json", action="store_true", help="this target's records only, as JSON")
     e.add_argument("--all", action="store_true", help="list every cut-off and cached action too")
+    e.add_argument("--platform", choices=["x86_64", "aarch64"], help="the build for this platform (as build's)")
     e.set_defaults(fn=cmd_explain)
 
     a = sub.add_parser("audit", help="build LABEL with and without each patch hunk in its closure: which hunks "

@@ -56,7 +56,7 @@ class Configured:
 
     label: Label
     config: Config
-    tag: str = field(default="", compare=False)
+    tag: str = field(default="", compare=False)  # written in parentheses, like Bazel's configurations
 
     @property
     def package(self) -> str:
@@ -67,7 +67,7 @@ class Configured:
         return self.label.name
 
     def __str__(self) -> str:
-        return f"{self.label} [{self.tag}]" if self.tag else str(self.label)
+        return f"{self.label} ({self.tag})" if self.tag else str(self.label)
 
     def out_path(self) -> str:
         """Where bgraph-out/ links the output: <package>/<name> for this machine's own platform,

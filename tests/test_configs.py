@@ -98,16 +98,16 @@ def configured(ws, *labels: str, forced: str | None = None, exec_platform: str |
 def test_a_target_fixes_its_platform_and_its_dependencies_follow(make_ws):
     ws = make_ws(GRAPH, toolchains=False)
     [root], nodes, graph = configured(ws, "//g:spark")
-    assert root.config == Config(HOST, OTHER) and str(root) == f"//g:spark [{OTHER}]"
+    assert root.config == Config(HOST, OTHER) and str(root) == f"//g:spark ({OTHER})"
     assert root.out_path() == f"{OTHER}/g/spark"
     # the genrule it packs is built for the wheel's platform; its system is the stand-in for OTHER,
     # itself a system of the exec machine; auditwheel runs on the exec machine (an exec transition)
-    assert nodes[f"//g:gen [{OTHER}]"].config == Config(HOST, OTHER)
-    assert nodes[f"//t:sys [{OTHER}]"].config == Config(HOST, OTHER)
+    assert nodes[f"//g:gen ({OTHER})"].config == Config(HOST, OTHER)
+    assert nodes[f"//t:sys ({OTHER})"].config == Config(HOST, OTHER)
     assert nodes["//t:cross"].config == Config(HOST, HOST)
     assert nodes["//t:aw"].config == Config(HOST, HOST)
-    assert set(nodes) == {f"//g:spark [{OTHER}]", f"//g:gen [{OTHER}]", f"//t:sys [{OTHER}]", "//t:cross", "//t:aw"}
-    assert graph.dep_labels[root][parse_label("//g:gen")] == nodes[f"//g:gen [{OTHER}]"]
+    assert set(nodes) == {f"//g:spark ({OTHER})", f"//g:gen ({OTHER})", f"//t:sys ({OTHER})", "//t:cross", "//t:aw"}
+    assert graph.dep_labels[root][parse_label("//g:gen")] == nodes[f"//g:gen ({OTHER})"]
 
 
 def test_platform_overrides_every_target_below(make_ws):
@@ -120,9 +120,9 @@ def test_platform_overrides_every_target_below(make_ws):
 def test_a_system_is_the_exec_machines_unless_a_stand_in_serves_the_target(make_ws):
     ws = make_ws(GRAPH, toolchains=False)
     _, nodes, _ = configured(ws, "//g:gen", "//t:root", "//t:aw", forced=OTHER)
-    assert "//t:sys" not in nodes and nodes[f"//t:sys [{OTHER}]"].config == Config(HOST, OTHER)
-    assert nodes[f"//t:root [{OTHER}]"].config == Config(HOST, OTHER)  # a sysroot is the target's
-    assert f"//t:aw [{OTHER}]" in nodes  # requested for OTHER: no edge took it to the exec machine
+    assert "//t:sys" not in nodes and nodes[f"//t:sys ({OTHER})"].config == Config(HOST, OTHER)
+    assert nodes[f"//t:root ({OTHER})"].config == Config(HOST, OTHER)  # a sysroot is the target's
+    assert f"//t:aw ({OTHER})" in nodes  # requested for OTHER: no edge took it to the exec machine
     # //t:cross has no cross of its own: for any target it is the exec machine's system
     [cross] = configs.requested(ws.load(), [parse_label("//t:cross")], None, OTHER)
     assert cross.config == Config(HOST, HOST) and cross.out_path() == "t/cross"
@@ -132,13 +132,13 @@ def test_cmake_and_ninja_run_on_the_exec_machine(make_ws):
     ws = make_ws(GRAPH, toolchains=False)
     _, nodes, _ = configured(ws, "//g:cm", forced=OTHER)
     assert {"//t:cmake", "//t:ninja"} <= set(nodes)  # exec transition
-    assert f"//t:nvcc [{OTHER}]" in nodes and f"//t:sys [{OTHER}]" in nodes  # the toolchain follows the target
+    assert f"//t:nvcc ({OTHER})" in nodes and f"//t:sys ({OTHER})" in nodes  # the toolchain follows the target
 
 
 def test_planning_for_another_host(make_ws):
     ws = make_ws(GRAPH, toolchains=False)
     [root], nodes, _ = configured(ws, "//g:gen", exec_platform=OTHER)
-    assert root.config == Config(OTHER, OTHER) and str(root) == f"//g:gen [{OTHER} on {OTHER}]"
+    assert root.config == Config(OTHER, OTHER) and str(root) == f"//g:gen ({OTHER} on {OTHER})"
 
 
 def test_one_label_in_two_configurations_for_one_target_is_an_error(make_ws):
@@ -192,19 +192,19 @@ def test_one_build_makes_a_target_for_two_platforms_side_by_side(make_ws):
     run = ws.build("//p:wheel", "//p:gen")
     assert run.rc == 0, run.stderr
     out = run.json["outputs"]
-    assert set(out) == {f"//p:wheel [{OTHER}]", "//p:gen"}
+    assert set(out) == {f"//p:wheel ({OTHER})", "//p:gen"}
     assert out["//p:gen"] == str(ws.root / "bgraph-out/p/gen")
-    assert out[f"//p:wheel [{OTHER}]"] == str(ws.root / f"bgraph-out/{OTHER}/p/wheel")
-    [wheel] = Path(out[f"//p:wheel [{OTHER}]"]).glob("*.whl")
+    assert out[f"//p:wheel ({OTHER})"] == str(ws.root / f"bgraph-out/{OTHER}/p/wheel")
+    [wheel] = Path(out[f"//p:wheel ({OTHER})"]).glob("*.whl")
     assert wheel.name == f"w-1-py3-none-linux_{OTHER}.whl"
     with zipfile.ZipFile(wheel) as zf:
         assert f"Tag: py3-none-linux_{OTHER}" in zf.read("w-1.dist-info/WHEEL").decode()
     gens = {a["label"]: a for a in run.json["actions"] if a["name"] == "genrule"}
-    assert set(gens) == {"//p:gen", f"//p:gen [{OTHER}]"}
-    assert gens["//p:gen"]["key"] != gens[f"//p:gen [{OTHER}]"]["key"]  # the platform is in the key
+    assert set(gens) == {"//p:gen", f"//p:gen ({OTHER})"}
+    assert gens["//p:gen"]["key"] != gens[f"//p:gen ({OTHER})"]["key"]  # the platform is in the key
     # the cross action says where it ran; the native one carries no exec_platform (keys as before)
     trace = ws.engine().trace
-    cross = trace.load(f"//p:gen [{OTHER}]")["actions"]["genrule"]["description"]
+    cross = trace.load(f"//p:gen ({OTHER})")["actions"]["genrule"]["description"]
     native = trace.load("//p:gen")["actions"]["genrule"]["description"]
     assert (cross["platform"], cross["exec_platform"]) == (OTHER, HOST)
     assert native["platform"] == HOST and "exec_platform" not in native
@@ -216,4 +216,4 @@ def test_one_build_makes_a_target_for_two_platforms_side_by_side(make_ws):
     assert wheel.exists() and again.json["executed"] == 1  # only the wheel: //p:gen was built for HOST
     # the human summary names each output's path
     plain = ws.cli("build", "//p:wheel")
-    assert f"//p:wheel [{OTHER}]: bgraph-out/{OTHER}/p/wheel" in plain.stderr, plain.stderr
+    assert f"//p:wheel ({OTHER}): bgraph-out/{OTHER}/p/wheel" in plain.stderr, plain.stderr

@@ -49,10 +49,10 @@ def built(module_tmp):
     summary = bgraph(ws, cache, WHEEL, "//toolchains:qemu-user", "//toolchains:cuobjdump")
     python = bgraph(ws, cache, "--platform", "aarch64", "//toolchains:target-python")
     out = {**summary["outputs"], **python["outputs"]}
-    [wheel] = Path(out[f"{WHEEL} [aarch64]"]).glob("*.whl")
+    [wheel] = Path(out[f"{WHEEL} (aarch64)"]).glob("*.whl")
     return {"ws": ws, "cache": cache, "summary": summary, "wheel": wheel,
             "qemu": Path(out["//toolchains:qemu-user"]) / "usr/bin/qemu-aarch64-static",
-            "root": Path(out["//toolchains:target-python [aarch64]"]),
+            "root": Path(out["//toolchains:target-python (aarch64)"]),
             "cuobjdump": Path(out["//toolchains:cuobjdump"]) / "bin/cuobjdump"}
 
 
@@ -67,9 +67,9 @@ def emulated(built, *args: str, **kw) -> subprocess.CompletedProcess:
 
 def test_outputs_of_the_two_platforms_live_apart(built):
     outputs = built["summary"]["outputs"]
-    assert outputs[f"{WHEEL} [aarch64]"] == str(built["ws"] / "bgraph-out/aarch64/wheels/fp4-kernels-sm121")
+    assert outputs[f"{WHEEL} (aarch64)"] == str(built["ws"] / "bgraph-out/aarch64/wheels/fp4-kernels-sm121")
     assert outputs["//toolchains:qemu-user"] == str(built["ws"] / "bgraph-out/toolchains/qemu-user")
-    assert f"{WHEEL} [aarch64]" in built["summary"]["targets"]
+    assert f"{WHEEL} (aarch64)" in built["summary"]["targets"]
 
 
 def test_every_elf_file_is_aarch64_and_the_cubins_are_the_sparks(built, tmp_path):
@@ -120,7 +120,7 @@ print(ref.e2m1_decode(ref.e2m1_encode(np.array([0.3, 1.2, 7.0], dtype=np.float32
 def test_an_independent_build_gives_the_same_aarch64_wheel(built, module_tmp):
     ws_b, cache_b = workspace_copy(module_tmp / "elsewhere" / "ws-b"), module_tmp / "cache-b"
     summary = bgraph(ws_b, cache_b, WHEEL)
-    [wheel_b] = Path(summary["outputs"][f"{WHEEL} [aarch64]"]).glob("*.whl")
+    [wheel_b] = Path(summary["outputs"][f"{WHEEL} (aarch64)"]).glob("*.whl")
     assert any(a["mnemonic"] == "CudaCicc" and a["status"] == "executed" for a in summary["actions"])
     assert wheel_b.name == built["wheel"].name
     assert hashlib.sha256(wheel_b.read_bytes()).hexdigest() == hashlib.sha256(built["wheel"].read_bytes()).hexdigest()
@@ -139,6 +139,6 @@ def test_the_x86_64_build_shares_only_platform_free_work(built):
         {(a["label"], a["name"]) for a in shared if a["mnemonic"] not in ("Fetch", "Extract")}
     compiles = [a for a in native["actions"] if a["mnemonic"].startswith("Cuda")]
     assert compiles and all(a["status"] == "executed" for a in compiles)
-    trace = json.loads((built["cache"] / "v1/blake3/trace" / "%2F%2Fkernels%3Afp4%20%5Baarch64%5D.json").read_text())
+    trace = json.loads((built["cache"] / "v1/blake3/trace" / "%2F%2Fkernels%3Afp4%20%28aarch64%29.json").read_text())
     cicc = next(d["description"]["argv"] for n, d in trace["actions"].items() if n.startswith("cicc "))
     assert "--unsigned_chars" in cicc and "--arm_cross_compiler" in cicc

@@ -38,10 +38,10 @@ def bgraph(ws, cache, *args, timeout=2400):
 def planned_fetches(ws, cache, wheel, platform, flag="--host-platform") -> dict[str, str]:
     """'label action-name' -> key of every Fetch a dry run plans for `wheel` on a `platform` host
     (the native build there; with flag --platform: built for `platform` on this host). Labels lose
-    their configuration tag ("//vllm:torch-env [aarch64]" -> "//vllm:torch-env")."""
+    their configuration tag ("//vllm:torch-env (aarch64)" -> "//vllm:torch-env")."""
     run = bgraph(ws, cache, "build", "--json", "--dry-run", flag, platform, f"//wheels:{wheel}")
     assert run.returncode == 0, run.stderr
-    return {f"{a['label'].split(' [')[0]} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
+    return {f"{a['label'].split(' (')[0]} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
             if a["mnemonic"] == "Fetch"}
 
 
