@@ -55,7 +55,6 @@ def cmd_build(args, console: Console) -> int:
                         hint=f"plan it with `bgraph build --dry-run --host-platform {exec_platform} …`: every pin "
                              f"and key is resolved as on that machine, nothing runs; to build for {exec_platform} "
                              f"here, give --platform {exec_platform}")
-
     overrides = {k: v for k, v in (("url", args.remote_cache), ("signing_key", args.remote_signing_key))
                  if v is not None}
     if args.remote_upload:
