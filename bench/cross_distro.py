@@ -44,18 +44,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="//wheels:vllm-sm121")
     ap.add_argument("--host-cache", default=os.path.expanduser("~/.cache/bgraph"))
-    ap.add_argument("--keep", help="work directory to keep (default: a temporary one, removed)")
+    ap.add_argument("--rev", default="HEAD", help="the commit measured: both sides run its bgraph and workspace")
+    ap.add_argument("--keep", help="work directory to keep (default: a temporary one, removed); a root "
+                                   "already made there is reused, with a fresh cache")
     args = ap.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="bgraph-cross-distro-"))
     work.mkdir(parents=True, exist_ok=True)
-    report: dict = {"label": args.label}
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", args.rev], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    report: dict = {"label": args.label, "commit": commit}
+    snapshot = work / "snapshot"  # one commit for both sides, whatever the checkout does meanwhile
+    shutil.rmtree(snapshot, ignore_errors=True)
+    snapshot.mkdir()
+    archive = subprocess.run(["git", "-C", REPO, "archive", args.rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", snapshot], input=archive, check=True)
+    shutil.rmtree(work / "nginx", ignore_errors=True)
     nginx = Nginx(work / "nginx")
     try:
-        ws = workspace_copy(work / "host-ws")
+        ws = workspace_copy(work / "host-ws", snapshot)
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", args.host_cache,
                                "build", "--json", "-j2", "--remote-cache", nginx.url, "--remote-upload", args.label],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(snapshot)},
+                              cwd=snapshot)
         if proc.returncode != 0:
             sys.exit(proc.stderr[-3000:])
         host = json.loads(proc.stdout)
@@ -66,8 +77,11 @@ def main() -> None:
         report["host_wheel_sha256"] = wheel_sha(host_tree)
 
         t0 = time.monotonic()
-        root = make_root(work / "trixie")
-        install_bgraph(root)
+        root = work / "trixie"
+        if not (root / "usr" / "bin" / "python3").exists():
+            make_root(root)
+        shutil.rmtree(root / "cache", ignore_errors=True)
+        install_bgraph(root, source=snapshot)
         report["root"] = {"made_s": round(time.monotonic() - t0, 1), "python": python_version(root),
                           "gcc": run_in(root, ["sh", "-c", "command -v gcc || echo none"]).stdout.strip()}
         t0 = time.monotonic()

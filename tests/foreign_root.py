@@ -65,15 +65,15 @@ def python_version(root: Path) -> str:
     return run_in(root, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip()
 
 
-def install_bgraph(root: Path, workspace: bool = True) -> None:
+def install_bgraph(root: Path, workspace: bool = True, source: Path = REPO) -> None:
     """bgraph's source at /src, its dependencies in a venv at /opt/bgraph for the root's Python
     (wheels fetched here through pip's configuration, installed there offline), and a copy of
-    this workspace at /work."""
+    the workspace at `source` (this checkout, or a snapshot of it) at /work."""
     version = python_version(root)
     wheels = root / "wheels"
     wheels.mkdir(exist_ok=True)
     import tomllib
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((source / "pyproject.toml").read_text())["project"]["dependencies"]
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--python-version", version, "--only-binary=:all:",
                     *(f"--platform={p}" for p in ("manylinux2014_x86_64", "manylinux_2_17_x86_64",
                                                   "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")),
@@ -81,11 +81,11 @@ def install_bgraph(root: Path, workspace: bool = True) -> None:
     run_in(root, ["python3", "-m", "venv", "/opt/bgraph"])
     run_in(root, ["/opt/bgraph/bin/pip", "install", "-q", "--no-index", "--find-links", "/wheels", *deps])
     shutil.rmtree(root / "src", ignore_errors=True)
-    shutil.copytree(REPO / "build_graph", root / "src" / "build_graph",
+    shutil.copytree(source / "build_graph", root / "src" / "build_graph",
                     ignore=shutil.ignore_patterns("__pycache__"))
     if workspace:
         shutil.rmtree(root / "work", ignore_errors=True)
-        workspace_copy(root / "work")
+        workspace_copy(root / "work", source)
 
 
 def run_in(root: Path, argv: list[str], check: bool = True, timeout: float | None = None,
