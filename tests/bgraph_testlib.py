@@ -74,7 +74,7 @@ def checkout_state(root: Path = REPO) -> dict[str, str]:
 def workspace_copy(dest: Path, root: Path = REPO) -> Path:
     """A copy of this repository's workspace (WORKSPACE.toml, targets, sources, patches) at `dest`,
     so a test builds it without writing bgraph-out/ links (or anything else) into the checkout."""
-    skip = {".git", "bgraph-out", ".ci", "bench", "docs", *_SCRATCH}
+    skip = {".git", "bgraph-out", ".ci", "bench", "docs", "build_graph", *_SCRATCH}  # the code runs from the checkout
     shutil.copytree(root, dest, symlinks=True, dirs_exist_ok=True,
                     ignore=lambda d, names: [n for n in names if n in skip or n.endswith(".egg-info")])
     return dest
