@@ -142,3 +142,35 @@ def test_the_x86_64_build_shares_only_platform_free_work(built):
     trace = json.loads((built["cache"] / "v1/blake3/trace" / "%2F%2Fkernels%3Afp4%20%28aarch64%29.json").read_text())
     cicc = next(d["description"]["argv"] for n, d in trace["actions"].items() if n.startswith("cicc "))
     assert "--unsigned_chars" in cicc and "--arm_cross_compiler" in cicc
+
+
+def test_the_aarch64_driver_link_stubs(built):
+    """The CUDA driver link stubs a cross build makes are AArch64 with soname libcuda.so.1: the
+    toolkit's own (cuda_toolchain driver_stub) and //vllm:cuda-driver-stub's genrule (every cu*
+    function of cuda.h), here over //toolchains:cuda-13.0's wheels instead of the torch-sized
+    //vllm:cuda-toolkit."""
+    import tomllib
+    ws = built["ws"]
+    stub = tomllib.loads((ws / "targets/vllm.toml").read_text())["cuda-driver-stub"]
+    (ws / "targets/xstub.toml").write_text(f'''[tk]
+kind = "cuda_toolchain"
+version = "13.0.88"
+wheels = ["cuda-nvcc-13-0", "cuda-nvvm-13-0", "cuda-crt-13-0", "cuda-cccl-13-0", "cuda-runtime-13-0"]
+driver_stub = true
+
+[stub]
+kind = "genrule"
+outs = ["libcuda.so"]
+toolchain = ":tk"
+tools = "//toolchains:host-cc"
+cmd = {json.dumps(stub["cmd"])}
+''')
+    out = bgraph(ws, built["cache"], "--platform", "aarch64", "//xstub:tk", "//xstub:stub")["outputs"]
+    for lib in (Path(out["//xstub:tk (aarch64)"]) / "lib/stubs/libcuda.so", Path(out["//xstub:stub (aarch64)"]) / "libcuda.so"):
+        data = lib.read_bytes()
+        assert int.from_bytes(data[18:20], "little") == EM_AARCH64, lib
+        assert b"libcuda.so.1" in data
+    assert b"cuInit" in (Path(out["//xstub:stub (aarch64)"]) / "libcuda.so").read_bytes()
+    tk = Path(out["//xstub:tk (aarch64)"])
+    assert (tk / "targets/aarch64-linux/lib/libcudart_static.a").is_file()
+    assert int.from_bytes((tk / "lib/libcudart.so.13").read_bytes()[18:20], "little") == EM_AARCH64
