@@ -308,3 +308,27 @@ def test_reapi_signed_entries_and_poisoned_ones(make_ws, buildgrid, tmp_path):
     run = victim.build("//p:b", args=trusted)
     assert statuses(run.json) == {"//p:a": "hit", "//p:b": "executed"} and "unsigned" in run.stderr
     assert victim.read_output("//p:b", "b.txt").strip() == "2"
+
+
+# -- a warm local cache fills an empty remote without rebuilding (backfill) ----------------------
+def test_a_warm_local_cache_fills_the_remote_without_running_anything(make_ws, nginx):
+    warm = make_ws(FILES, name="laptop")
+    first = warm.build("//p:b")
+    assert first.rc == 0 and first.json["executed"] == 2
+    pushed = warm.build("//p:b", args=("--remote-cache", nginx.url, "--remote-upload"))
+    assert pushed.rc == 0, pushed.stderr
+    assert pushed.json["executed"] == 0 and pushed.json["remote"]["backfilled"] == 2
+    assert len(nginx.files("ac")) == 2
+    again = warm.build("//p:b", args=("--remote-cache", nginx.url, "--remote-upload"))
+    assert again.json["remote"]["backfilled"] == 0  # the remote has them now: nothing sent twice
+    fresh = make_ws(FILES, name="ci")
+    pulled = fresh.build("//p:b", args=("--remote-cache", nginx.url))
+    assert pulled.json["executed"] == 0 and pulled.json["remote"]["hits"] == 2
+    assert fresh.read_output("//p:b", "b.txt") == warm.read_output("//p:b", "b.txt")
+
+
+def test_reading_builds_never_backfill(make_ws, nginx):
+    warm = make_ws(FILES)
+    assert warm.build("//p:b").rc == 0
+    read_only = warm.build("//p:b", args=("--remote-cache", nginx.url))
+    assert read_only.json["remote"]["backfilled"] == 0 and nginx.files("ac") == []
