@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
-from build_graph.errors import PlanError
 from build_graph.labels import Label, parse_label
 from build_graph.workspace import Workspace, host_platform
 
@@ -117,12 +116,18 @@ class ConfiguredGraph:
 
     order: list[Configured]
     deps: dict[Configured, list[Configured]]
-    # For planning: each configured target's dependency labels -> their configured targets.
-    dep_labels: dict[Configured, dict[Label, Configured]]
+    # For planning: each configured target's (attribute key, dependency label) -> configured target.
+    dep_labels: dict[Configured, dict[tuple[str, Label], Configured]]
 
     def inputs(self, node: Configured, outputs: Outputs) -> dict:
-        """What `node`'s rule sees of its dependencies: label -> the output of its configuration."""
-        return {label: outputs[dep] for label, dep in self.dep_labels[node].items()}
+        """What `node`'s rule sees of its dependencies (RuleContext.dep): (key, label) -> the
+        output of that edge's configuration, and label -> it where the label has one only."""
+        edges = self.dep_labels[node]
+        seen: dict[Label, set[Configured]] = {}
+        for (_key, label), dep in edges.items():
+            seen.setdefault(label, set()).add(dep)
+        return {**{edge: outputs[dep] for edge, dep in edges.items()},
+                **{label: outputs[next(iter(deps))] for label, deps in seen.items() if len(deps) == 1}}
 
 
 def configure(ws: Workspace, roots: list[Configured], forced: str | None = None) -> ConfiguredGraph:
@@ -130,7 +135,7 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
     from build_graph.rules.registry import RULES
 
     deps: dict[Configured, list[Configured]] = {}
-    dep_labels: dict[Configured, dict[Label, Configured]] = {}
+    dep_labels: dict[Configured, dict[tuple[str, Label], Configured]] = {}
     todo = list(roots)
     while todo:
         node = todo.pop()
@@ -138,19 +143,15 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
             continue
         target = ws.targets[node.label]
         rule = RULES[target.kind]
-        by_label: dict[Label, Configured] = {}
+        edges: dict[tuple[str, Label], Configured] = {}
         for key, text in rule.deps(target.attrs):
             config = rule.transition(target.attrs, key, text, node.config)
             if config is None:  # an edge this configuration does not follow
                 continue
             label = parse_label(text, package=node.label.package)
-            dep = _configured(label, own_config(ws, label, config, forced))
-            if by_label.setdefault(label, dep) != dep:
-                raise PlanError(f"{label} is needed in two configurations ({by_label[label].config}, {dep.config})",
-                                where=f"{node} ({target.file} [{target.table}] {key})",
-                                hint="a target can use one label in one configuration only")
+            edges[(key, label)] = dep = _configured(label, own_config(ws, label, config, forced))
             todo.append(dep)
-        dep_labels[node] = by_label
-        deps[node] = list(dict.fromkeys(by_label.values()))
+        dep_labels[node] = edges
+        deps[node] = list(dict.fromkeys(edges.values()))
     order = list(TopologicalSorter(deps).static_order())  # the static graph was checked for cycles
     return ConfiguredGraph(order, deps, dep_labels)

@@ -14,7 +14,6 @@ import pytest
 from bgraph_testlib import WORKSPACE_TOML, requires_bwrap
 from build_graph import configs
 from build_graph.configs import Config, Configured
-from build_graph.errors import PlanError
 from build_graph.labels import parse_label
 from build_graph.workspace import host_platform
 
@@ -107,7 +106,7 @@ def test_a_target_fixes_its_platform_and_its_dependencies_follow(make_ws):
     assert nodes["//t:cross"].config == Config(HOST, HOST)
     assert nodes["//t:aw"].config == Config(HOST, HOST)
     assert set(nodes) == {f"//g:spark ({OTHER})", f"//g:gen ({OTHER})", f"//t:sys ({OTHER})", "//t:cross", "//t:aw"}
-    assert graph.dep_labels[root][parse_label("//g:gen")] == nodes[f"//g:gen ({OTHER})"]
+    assert graph.dep_labels[root][("files", parse_label("//g:gen"))] == nodes[f"//g:gen ({OTHER})"]
 
 
 def test_platform_overrides_every_target_below(make_ws):
@@ -141,7 +140,10 @@ def test_planning_for_another_host(make_ws):
     assert root.config == Config(OTHER, OTHER) and str(root) == f"//g:gen ({OTHER} on {OTHER})"
 
 
-def test_one_label_in_two_configurations_for_one_target_is_an_error(make_ws):
+def test_one_label_in_two_configurations_for_one_target(make_ws):
+    """A target may need one label built for its platform and for the exec machine (vLLM's
+    cross configure imports an exec-platform torch and links the target's): each edge keeps its
+    configuration, and the rule's dep(label, key) gets that edge's output."""
     ws = make_ws({**GRAPH, "targets/h.toml": '''[both]
 kind = "cmake_project"
 srcs = ["targets/h.toml"]
@@ -151,8 +153,15 @@ ninja = "//t:cmake"
 toolchain = "//t:cmake"
 host = "//t:sys"
 '''}, toolchains=False)
-    with pytest.raises(PlanError, match="//t:cmake is needed in two configurations"):
-        configured(ws, "//h:both", forced=OTHER)
+    [root], nodes, graph = configured(ws, "//h:both", forced=OTHER)
+    cmake = parse_label("//t:cmake")
+    edges = graph.dep_labels[root]
+    assert edges[("cmake", cmake)] == nodes["//t:cmake"] and edges[("ninja", cmake)] == nodes["//t:cmake"]
+    assert edges[("toolchain", cmake)] == nodes[f"//t:cmake ({OTHER})"]
+    seen = graph.inputs(root, configs.Outputs({nodes["//t:cmake"]: "exec", nodes[f"//t:cmake ({OTHER})"]: "target",
+                                                nodes[f"//t:sys ({OTHER})"]: "sys"}))
+    assert seen[("cmake", cmake)] == "exec" and seen[("toolchain", cmake)] == "target" and cmake not in seen
+    assert seen[parse_label("//t:sys")] == "sys"  # one configuration: found by its label too
 
 
 def test_outputs_find_a_plain_label():

@@ -37,11 +37,13 @@ def bgraph(ws, cache, *args, timeout=2400):
 
 def planned_fetches(ws, cache, wheel, platform, flag="--host-platform") -> dict[str, str]:
     """'label action-name' -> key of every Fetch a dry run plans for `wheel` on a `platform` host
-    (the native build there; with flag --platform: built for `platform` on this host). Labels lose
-    their configuration tag ("//vllm:torch-env (aarch64)" -> "//vllm:torch-env")."""
+    (the native build there; with flag --platform: built for `platform` on this host, and labels
+    keep their configuration: "//vllm:torch-env (aarch64)" beside the exec machine's
+    "//vllm:torch-env"). Planned on another host, labels lose the tag ("(aarch64 on aarch64)")."""
     run = bgraph(ws, cache, "build", "--json", "--dry-run", flag, platform, f"//wheels:{wheel}")
     assert run.returncode == 0, run.stderr
-    return {f"{a['label'].split(' (')[0]} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
+    label = (lambda t: t) if flag == "--platform" else (lambda t: t.split(' (')[0])
+    return {f"{label(a['label'])} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
             if a["mnemonic"] == "Fetch"}
 
 
@@ -170,7 +172,7 @@ def test_the_aarch64_graph_plans_every_pin_for_aarch64(ws, tmp_path):
 def test_the_cross_build_plans_aarch64_targets_with_x86_64_tools(ws, tmp_path):
     """`--dry-run --platform aarch64` on this x86_64 host: the wheel and what it packs are built for
     aarch64 (the aarch64 torch), by the cross compiler standing in for //toolchains:host-cc (amd64
-    packages) and the x86_64 CMake and Ninja (exec transition). (The toolkit waits on torch: a dry
+    packages) and the x86_64 CMake and Ninja (exec transition); the configure imports the x86_64 torch. (The toolkit waits on torch: a dry
     run cannot plan it; test_cross_build.py builds the aarch64 toolkit of the FP4 kernels.)"""
     if host_platform() != "x86_64":
         pytest.skip("the cross build is planned from an x86_64 host")
@@ -180,12 +182,16 @@ def test_the_cross_build_plans_aarch64_targets_with_x86_64_tools(ws, tmp_path):
     native = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", "x86_64")
     spark = planned_fetches(ws, tmp_path / "cache", "vllm-sm121", "aarch64")  # planned on a Spark
     for name in ("//vllm:torch-env fetch py-torch", "//vllm:torch-env fetch py-triton"):
-        assert cross[name] == spark[name] != native[name]  # the aarch64 files
+        target = name.replace("torch-env", "torch-env (aarch64)")
+        assert cross[target] == spark[name] != native[name]  # the aarch64 files, to link
+        assert cross[name] == native[name]  # and the exec machine's, for the configure's Python
     for name in ("//toolchains:cmake-wheel fetch cmake", "//toolchains:ninja-wheel fetch ninja"):
         assert cross[name] == native[name] != spark[name]  # x86_64 tools
     debs = {n for n in cross if n.endswith(".deb")}
     assert any(n.startswith("//toolchains:cross-cc-aarch64 fetch g++-12-aarch64-linux-gnu_") for n in debs), debs
-    assert all(n.endswith(("_amd64.deb", "_all.deb")) for n in debs), debs  # every system runs here
+    sysroot = {n for n in debs if n.startswith("//toolchains:target-python (aarch64) ")}  # arm64 Python headers
+    assert sysroot and all(n.endswith(("_arm64.deb", "_all.deb")) for n in sysroot), sysroot
+    assert all(n.endswith(("_amd64.deb", "_all.deb")) for n in debs - sysroot), debs  # every system runs here
     assert not any(n.startswith("//toolchains:host-cc fetch gcc-12_") for n in debs)  # the stand-in serves it
     assert "cross-cc-aarch64" in str(workspace.targets[parse_label("//toolchains:host-cc")].attrs.cross)
 
@@ -210,3 +216,35 @@ def test_offline_configure_import_and_fp4_quantization_tus(ws, tmp_path):
     # Another build of the same target: nothing runs (the configure included).
     again = json.loads(bgraph(ws, cache, "build", "--json", SMOKE).stdout)
     assert again["executed"] == 0
+
+
+@pytest.mark.slow  # two torch environments (~25 GB of cache): the aarch64 one to link, the x86_64 one to configure
+def test_the_fp4_quantization_tus_cross_compile_for_aarch64(ws, tmp_path):
+    """`--platform aarch64 //vllm:smoke-fp4-sm121` on x86_64: vLLM's own configure, cross (CMake
+    told the processor; the configure's Python imports the exec machine's torch, CMake takes the
+    aarch64 one), then vLLM's FP4 quantization TUs: AArch64 objects with sm_121a cubins only."""
+    if host_platform() != "x86_64":
+        pytest.skip("the cross build is checked from an x86_64 host")
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9
+    if free_gb < 2 * SMOKE_DISK_GB:
+        pytest.skip(f"needs {2 * SMOKE_DISK_GB} GB of free disk for two torch environments, {free_gb:.1f} GB free")
+    cache = tmp_path / "cache"
+    tools = bgraph(ws, cache, "build", "--json", "//toolchains:cuobjdump")
+    assert tools.returncode == 0, tools.stderr[-3000:]
+    run = bgraph(ws, cache, "build", "--json", "-j2", "--platform", "aarch64", SMOKE)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    labels = {a["label"] for a in summary["actions"]}
+    assert {f"{SMOKE} (aarch64)", "//vllm:torch-env", "//vllm:torch-env (aarch64)",
+            "//toolchains:cross-cc-aarch64"} <= labels, labels
+    out = ws / "bgraph-out" / "aarch64" / "vllm" / "smoke-fp4-sm121"
+    cuobjdump = ws / "bgraph-out" / "toolchains" / "cuobjdump" / "bin" / "cuobjdump"
+    for obj in ("nvfp4_quant_kernels", "activation_nvfp4_quant_fusion_kernels", "nvfp4_experts_quant"):
+        path = out / f"CMakeFiles/_C_stable_libtorch.dir/csrc/quantization/fp4/{obj}.cu.o"
+        assert int.from_bytes(path.read_bytes()[18:20], "little") == 183  # EM_AARCH64
+        listed = subprocess.run([str(cuobjdump), "--list-elf", str(path)], capture_output=True, text=True).stdout
+        assert "sm_121a" in listed and "sm_120" not in listed, listed
+    from build_graph.store.trace import Trace
+    trace = Trace(cache / "v1" / "blake3", cache / "v1" / "tmp").load(f"{SMOKE} (aarch64)")
+    configure = trace["actions"]["configure"]["description"]
+    assert "-DCMAKE_SYSTEM_PROCESSOR=aarch64" in configure["argv"] and configure["exec_platform"] == "x86_64"

@@ -83,8 +83,10 @@ class RuleContext:
         return where(self.file, self.table, key)
 
     def dep(self, text: str, key: str) -> TargetOutput:
-        """The output of a dependency named in attribute `key`."""
-        return self.deps[parse_label(text, package=self.label.package, where=self.where(key))]
+        """The output of a dependency named in attribute `key` (in that edge's configuration: one
+        label may be built for the target and for the exec machine, configs.py)."""
+        label = parse_label(text, package=self.label.package, where=self.where(key))
+        return self.deps[(key, label)] if (key, label) in self.deps else self.deps[label]
 
     def fail(self, message: str, key: str | None = None, hint: str | None = None) -> PlanError:
         return PlanError(message, where=f"{self.label} ({self.where(key)})", hint=hint)

@@ -81,6 +81,19 @@ done
 """
 
 
+class CmakeCrossAttrs(Attrs):
+    """What a cross build of the project adds (its target platform is not the exec machine's)."""
+
+    cache: dict[str, str] = Field(default_factory=dict, description="more cache variables (e.g. Torch_DIR)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the configure, over env")
+    ext: dict[str, str] = Field(default_factory=dict, description="name -> label of a target-platform tree "
+                                                                  "mounted at /bgraph/ext/<name>")
+    exec_ext: dict[str, str] = Field(default_factory=dict,
+                                     description="name -> label built for the exec machine, mounted at "
+                                                 "/bgraph/exec/<name> (e.g. the Python environment the "
+                                                 "configure imports: it runs here)")
+
+
 class CmakeProjectAttrs(Attrs):
     src: str | None = Field(None, description="label of the source tree (e.g. a patched_tree); or give srcs")
     srcs: list[str] = Field(default_factory=list, description="workspace paths or globs forming the source tree")
@@ -101,14 +114,21 @@ class CmakeProjectAttrs(Attrs):
     ninja: str = Field("//toolchains:ninja", description="Ninja tree (ninja or bin/ninja)")
     host: str = Field("//toolchains:host-cc", description="host_tools target: compilers and shell")
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
+    cross: CmakeCrossAttrs = Field(default_factory=CmakeCrossAttrs,
+                                   description="cache variables, environment and trees a cross build adds")
 
 
 def cmake_project_deps(attrs: CmakeProjectAttrs):
-    return labels_in(attrs, "src", "ext", "toolchain", "cmake", "ninja", "host")
+    return (labels_in(attrs, "src", "ext", "toolchain", "cmake", "ninja", "host")
+            + [("cross.ext", v) for v in attrs.cross.ext.values()]
+            + [("cross.exec_ext", v) for v in attrs.cross.exec_ext.values()])
 
 
 def cmake_project_transition(attrs: CmakeProjectAttrs, key: str, label: str, config):
-    """CMake and Ninja run on the exec machine, whatever the project is built for."""
+    """CMake and Ninja run on the exec machine, whatever the project is built for; `cross` trees
+    exist only in a cross build (exec_ext: built for the exec machine)."""
+    if key.startswith("cross."):
+        return None if not config.cross else config.exec_config() if key == "cross.exec_ext" else config
     return config.exec_config() if key in ("cmake", "ninja") else config
 
 
@@ -152,7 +172,14 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
         # targets/<platform>-linux in the toolkit) and for which processor.
         cache.update({"CMAKE_SYSTEM_NAME": "Linux", "CMAKE_SYSTEM_PROCESSOR": ctx.platform})
     cache.update(a.cache)
-    env = {"PATH": f"{CMAKE}/bin:{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", **a.env}
+    cross = ctx.platform != ctx.exec_platform
+    if cross:
+        cache.update(a.cross.cache)
+        ext.update({f"/bgraph/ext/{name}": ctx.dep(label, "cross.ext").tree for name, label in a.cross.ext.items()})
+        ext.update({f"/bgraph/exec/{name}": ctx.dep(label, "cross.exec_ext").tree
+                    for name, label in a.cross.exec_ext.items()})
+    env = {"PATH": f"{CMAKE}/bin:{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", **a.env,
+           **(a.cross.env if cross else {})}
     if a.archs is not None:
         archs = ctx.arch_sets(a.archs, ctx.where("archs"))
         if a.arch_env:
@@ -257,4 +284,4 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
 
 
 def _ext(mounts: dict[str, Tree]) -> tuple[str, ...]:
-    return tuple(m for m in mounts if m.startswith("/bgraph/ext/"))
+    return tuple(m for m in mounts if m.startswith(("/bgraph/ext/", "/bgraph/exec/")))
