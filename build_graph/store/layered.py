@@ -39,6 +39,9 @@ class RemoteStats:
         return {k: v for k, v in self.__dict__.items() if k != "ignored_why"} | {"ignored_why": self.ignored_why[:20]}
 
 
+MANIFEST_KEEP = 8  # the depfile manifests kept per prekey, here as in the local action cache
+
+
 class Ignored(Exception):
     """A remote entry that cannot be used (the message says why)."""
 
@@ -87,14 +90,21 @@ class LayeredActionCache:
 
     def put(self, key: str, result: ActionResult) -> None:
         self.local.put(key, result)
-        if self.upload:
-            try:
-                sizes = self._push(result)
-                if sizes is not None:
-                    self._write_entry(key, "result", result.to_json(), sizes)
-                    self.stats.uploaded += 1
-            except RemoteUnavailable as e:
-                self._unavailable(e)
+        if self.upload and self._upload(key, result):
+            self.stats.uploaded += 1
+
+    def _upload(self, key: str, result: ActionResult) -> bool:
+        """Send the result's blobs and nodes the remote lacks, then its entry; False where the
+        result is no longer whole here or the remote is unavailable."""
+        try:
+            sizes = self._push(result)
+            if sizes is None:
+                return False
+            self._write_entry(key, "result", result.to_json(), sizes)
+            return True
+        except RemoteUnavailable as e:
+            self._unavailable(e)
+            return False
 
     def touch(self, key: str) -> None:
         self.local.touch(key)
@@ -113,14 +123,13 @@ class LayeredActionCache:
             self.warn_once(f"ignored:{e}", f"remote cache: ignored a depfile manifest ({e})")
             return entries
         seen = {e.get("key") for e in entries}
-        theirs = {e.get("key") for e in remote}
-        if self.upload and seen - theirs:  # backfill: what this cache knows and the remote lacks
+        merged = entries + [e for e in remote if e.get("key") not in seen]
+        if self.upload and seen - {e.get("key") for e in remote}:  # backfill what the remote lacks
             try:
-                self._write_entry(self._manifest_key(prekey), "manifest",
-                                  (entries + [e for e in remote if e.get("key") not in seen])[:8])
+                self._write_entry(self._manifest_key(prekey), "manifest", merged[:MANIFEST_KEEP])
             except RemoteUnavailable as e:
                 self._unavailable(e)
-        return entries + [e for e in remote if e.get("key") not in seen]
+        return merged
 
     def _backfill(self, key: str, result: ActionResult) -> None:
         """Upload a local hit the remote lacks (Bazel uploads only what it executes): a build with
@@ -128,14 +137,13 @@ class LayeredActionCache:
         try:
             if self.remote.get_entry(key) is not None:
                 return
-            sizes = self._push(result)
-            if sizes is not None:
-                self._write_entry(key, "result", result.to_json(), sizes)
-                self.stats.backfilled += 1
         except RemoteUnavailable as e:
             self._unavailable(e)
+            return
+        if self._upload(key, result):
+            self.stats.backfilled += 1
 
-    def add_manifest(self, prekey: str, entry: dict, keep: int = 8) -> None:
+    def add_manifest(self, prekey: str, entry: dict, keep: int = MANIFEST_KEEP) -> None:
         self.local.add_manifest(prekey, entry, keep)
         if not self.upload:
             return
