@@ -165,6 +165,28 @@ def test_materialize(cas):
     assert leftovers(cas) == []
 
 
+def test_materializing_keeps_the_verify_stamps_current(cas, tmp_path):
+    """Linking a verified blob into a tree moves its ctime; the stamp follows, so the next
+    build trusts the blob without re-hashing it (the gc test flaked on this at a clock tick)."""
+    import json
+    import time
+
+    a = cas.put_bytes(b"data")
+    x = cas.put_bytes(b"#!/bin/sh\n", executable=True)
+    tree = Tree({"f": a, "bin/x": x})
+    cas.close()
+    later = LocalCas(tmp_path / "cache", B3)  # the next build: it hashes each blob once and stamps it
+    assert later.verify_tree(tree) == []
+    time.sleep(0.05)  # past the coarse kernel clock tick, so the links visibly move ctime
+    later.materialize(tree)
+    later.save_stamps()
+    stamps = json.loads((cas.base / "verified.json").read_text())
+    p = cas.blob_path(a.digest)
+    st = p.stat()
+    assert st.st_nlink == 2
+    assert stamps[p.name] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def test_action_cache(tmp_path, cas):
     ac = LocalActionCache(cas.base, cas.tmp)
     r = ActionResult("t" * 64, 0, "o" * 64, "e" * 64, 1.5, 3)

@@ -524,6 +524,7 @@ class LocalCas:
                     raise StoreError(f"cannot materialize: {path!r} lies below non-directory {parent!r}")
                 parent = parent.rpartition("/")[0]
         staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="tree-"))
+        linked: set[Path] = set()
         try:
             for path, entry in tree.entries.items():
                 target = staging / path
@@ -531,6 +532,7 @@ class LocalCas:
                 if isinstance(entry, FileEntry):
                     source = self._exec_blob(entry) if entry.executable else self.blob_path(entry.digest)
                     os.link(source, target)
+                    linked.add(source)
                 elif isinstance(entry, SymlinkEntry):
                     os.symlink(entry.target, target)
                 else:
@@ -547,7 +549,23 @@ class LocalCas:
         except BaseException:
             rmtree(staging)
             raise
+        self._restamp(linked)
         return dest
+
+    def _restamp(self, blobs: set[Path]) -> None:
+        """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
+        take the new ctime where size, mtime and inode still match, else the next build would
+        re-hash every blob this one linked."""
+        for p in blobs:
+            old = self._stamps.table.get(p.name)
+            if old is None:
+                continue
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
+            if [st.st_size, st.st_mtime_ns, st.st_ino] == [old[0], old[1], old[3]] and st.st_ctime_ns != old[2]:
+                self._stamps.set(p.name, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
 
     def add_root(self, link: Path) -> None:
         """Make the tree `link` points at a gc root while the link stays (like a Nix result
