@@ -11,8 +11,14 @@ BENCHMARKS.md records: the wheel's sha256, its extension libraries and their cub
 3. `cuobjdump -elf` (bgraph's //toolchains:cuobjdump) of each library: the cubin archs, from the
    ELF headers (`--list-elf` names a 12.0f family cubin like a plain sm_120 one).
 
-Usage: python3 bench/vllm_wheel_check.py [--wheel-label //wheels:vllm-sm121] [--venv DIR] [--expect sm_121a]
-       [--refuse sm_120a]
+With `--platform aarch64` (the Spark's wheel, cross-built here) the same checks run under emulation,
+all from bgraph's pinned targets: the aarch64 CPython 3.11 of //toolchains:target-python under
+qemu-aarch64-static (//toolchains:qemu-user), its pip installing the wheel next to the aarch64 torch
+environment (//vllm:torch-env for aarch64), the aarch64 driver stub (//vllm:cuda-driver-stub) on
+LD_LIBRARY_PATH, and every ELF file in the wheel checked to be AArch64.
+
+Usage: python3 bench/vllm_wheel_check.py [--wheel-label //wheels:vllm-sm121] [--platform aarch64]
+       [--venv DIR] [--expect sm_121a] [--refuse sm_120a]
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,16 +74,81 @@ def cubin_archs(cuobjdump: Path, lib: Path) -> list[str]:
     return sorted(archs)
 
 
+EM_AARCH64 = 183  # ELF e_machine
+PROBE = (
+    "import json, torch, vllm, sys\n"
+    "for lib in sys.argv[1:]: torch.ops.load_library(lib)\n"
+    "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__,"
+    " 'scaled_fp4_quant': hasattr(torch.ops._C, 'scaled_fp4_quant'),"
+    "}))\n")
+
+
+def check_aarch64(args, work: Path) -> tuple[dict, list[Path], Path]:
+    """Install and load the aarch64 wheel under qemu; return the report, the libraries, cuobjdump."""
+    def build(*argv: str) -> dict[str, Path]:
+        out = sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json", *argv])
+        return {k: Path(v) for k, v in json.loads(out)["outputs"].items()}
+
+    host = build("//toolchains:qemu-user", "//toolchains:cuobjdump")
+    target = build("--platform", "aarch64", args.wheel_label, "//vllm:torch-env", "//toolchains:target-python",
+                   "//vllm:cuda-driver-stub")
+    [wheel] = list(target[f"{args.wheel_label} (aarch64)"].glob("*.whl"))
+    report = {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+              "size_mb": round(wheel.stat().st_size / 2**20, 1)}
+    import zipfile
+    with zipfile.ZipFile(wheel) as zf:
+        machines = {}
+        for name in zf.namelist():
+            with zf.open(name) as f:
+                head = f.read(20)
+            if head[:4] == b"\x7fELF":
+                machines[name] = int.from_bytes(head[18:20], "little")
+    report["elf_files"] = len(machines)
+    report["all_elf_aarch64"] = bool(machines) and all(m == EM_AARCH64 for m in machines.values())
+    qemu = host["//toolchains:qemu-user"] / "usr/bin/qemu-aarch64-static"
+    root = target["//toolchains:target-python (aarch64)"]
+    torch_env = target["//vllm:torch-env (aarch64)"]
+    driver = work / "driver"
+    driver.mkdir()
+    (driver / "libcuda.so.1").symlink_to(target["//vllm:cuda-driver-stub (aarch64)"] / "libcuda.so")
+    site = work / "site"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1",
+           "LC_ALL": "C"}
+    python = [qemu, "-L", root, root / "usr/bin/python3.11"]
+    pip = subprocess.run([*map(str, python), "-m", "pip", "install", "--no-deps", "--no-index",
+                          "--root-user-action=ignore", "--disable-pip-version-check", "--target", str(site),
+                          str(wheel)], capture_output=True, text=True, env=env)
+    if pip.returncode != 0:
+        sys.exit(f"FAILED: pip install under qemu\n{pip.stdout[-3000:]}\n{pip.stderr[-3000:]}")
+    report["pip_warnings"] = [line for line in (pip.stdout + pip.stderr).splitlines()
+                              if "WARNING" in line or "RECORD" in line]
+    libs = sorted((site / "vllm").glob("*.so"))
+    report["libraries"] = [lib.name for lib in libs]
+    env.update(PYTHONPATH=f"{site}:{torch_env}", LD_LIBRARY_PATH=str(driver))
+    started = time.monotonic()
+    loaded = json.loads(sh([*python, "-c", PROBE, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
+                           cwd=work).strip().splitlines()[-1])
+    report["emulated_import_s"] = round(time.monotonic() - started, 1)
+    report["platform"] = "aarch64 (qemu-aarch64-static)"
+    report.update(loaded)
+    return report, libs, host["//toolchains:cuobjdump"] / "bin" / "cuobjdump"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--wheel-label", default="//wheels:vllm-sm121")
+    ap.add_argument("--platform", choices=["x86_64", "aarch64"], default="x86_64",
+                    help="aarch64: the Spark's wheel, checked under qemu")
     ap.add_argument("--venv", help="reuse this venv (created with torch 2.14.0 if missing)")
     ap.add_argument("--expect", default="sm_121a")
     ap.add_argument("--refuse", default="sm_120a")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-check-"))
-    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json", args.wheel_label,
-                         "//toolchains:cuobjdump"]))
+    if args.platform == "aarch64":
+        report, libs, cuobjdump = check_aarch64(args, work)
+        return finish(args, report, libs, cuobjdump)
+    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json",
+                         "--platform", "x86_64", args.wheel_label, "//toolchains:cuobjdump"]))
     wheel_dir = Path(out["outputs"][args.wheel_label])
     [wheel] = list(wheel_dir.glob("*.whl"))
     cuobjdump = Path(out["outputs"]["//toolchains:cuobjdump"]) / "bin" / "cuobjdump"
@@ -93,21 +166,21 @@ def main() -> None:
     libs = sorted((site / "vllm").glob("*.so"))
     report["libraries"] = [lib.name for lib in libs]
     driver = fake_driver(libs, work)
-    probe = (
-        "import json, torch, vllm, sys\n"
-        "for lib in sys.argv[1:]: torch.ops.load_library(lib)\n"
-        "print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__,"
-        " 'scaled_fp4_quant': hasattr(torch.ops._C, 'scaled_fp4_quant'),"
-        "}))\n")
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(driver), "HOME": str(work)}
-    loaded = json.loads(sh([py, "-c", probe, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
+    loaded = json.loads(sh([py, "-c", PROBE, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
                            cwd=work).strip().splitlines()[-1])
     report.update(loaded)
+    finish(args, report, libs, cuobjdump)
+
+
+def finish(args, report: dict, libs: list[Path], cuobjdump: Path) -> None:
+    """Add the cubin archs, decide, print the report and exit 0 only if every check passed."""
     cubins = {lib.name: cubin_archs(cuobjdump, lib) for lib in libs}
     report["cubin_archs"] = cubins
-    ok = (loaded["scaled_fp4_quant"] and loaded["vllm"].startswith("0.33.0")
+    ok = (report["scaled_fp4_quant"] and report["vllm"].startswith("0.33.0")
           and any(args.expect in c for c in cubins.values())
-          and not any(args.refuse in c for c in cubins.values()))
+          and not any(args.refuse in c for c in cubins.values())
+          and report.get("all_elf_aarch64", True) and not report.get("pip_warnings"))
     report["ok"] = bool(ok)
     print(json.dumps(report, indent=1))
     sys.exit(0 if ok else 1)

@@ -39,8 +39,11 @@ def planned_fetches(ws, cache, wheel, platform, flag="--host-platform") -> dict[
     """'label action-name' -> key of every Fetch a dry run plans for `wheel` on a `platform` host
     (the native build there; with flag --platform: built for `platform` on this host, and labels
     keep their configuration: "//vllm:torch-env (aarch64)" beside the exec machine's
-    "//vllm:torch-env"). Planned on another host, labels lose the tag ("(aarch64 on aarch64)")."""
-    run = bgraph(ws, cache, "build", "--json", "--dry-run", flag, platform, f"//wheels:{wheel}")
+    "//vllm:torch-env"). Planned on another host, labels lose the tag ("(aarch64 on aarch64)").
+    A native build there also builds for that host: `--platform` overrides a target's own
+    (vllm-sm121 says aarch64)."""
+    native = ("--platform", platform) if flag == "--host-platform" else ()
+    run = bgraph(ws, cache, "build", "--json", "--dry-run", flag, platform, *native, f"//wheels:{wheel}")
     assert run.returncode == 0, run.stderr
     label = (lambda t: t) if flag == "--platform" else (lambda t: t.split(' (')[0])
     return {f"{label(a['label'])} {a['name']}": a["key"] for a in json.loads(run.stdout)["actions"]
