@@ -88,7 +88,8 @@ class NinjaGraph:
         return list(seen.values())
 
 
-def _rel(path: str, build_dir: str) -> str:
+def relative(path: str, build_dir: str) -> str:
+    """A path as the graph names it: relative to the build directory inside it, else absolute."""
     path = posixpath.normpath(posixpath.join(build_dir, path)) if not path.startswith("/") else posixpath.normpath(path)
     return path[len(build_dir) + 1:] if path.startswith(build_dir + "/") else path
 
@@ -106,7 +107,7 @@ def parse_query(text: str, build_dir: str) -> dict[str, tuple[str, list[str], li
         if indent == 0:
             if not body.endswith(":"):
                 raise NinjaGraphError(f"unexpected `ninja -t query` line: {line!r}")
-            node, section = _rel(body[:-1], build_dir), None
+            node, section = relative(body[:-1], build_dir), None
             continue
         if node is None:
             raise NinjaGraphError(f"unexpected `ninja -t query` line: {line!r}")
@@ -120,11 +121,11 @@ def parse_query(text: str, build_dir: str) -> dict[str, tuple[str, list[str], li
         if section != "input":
             continue  # "outputs:" lists dependents; "validations:" are not inputs
         if body.startswith("|| "):
-            lists[2].append(_rel(body[3:], build_dir))
+            lists[2].append(relative(body[3:], build_dir))
         elif body.startswith("| "):
-            lists[1].append(_rel(body[2:], build_dir))
+            lists[1].append(relative(body[2:], build_dir))
         else:
-            lists[0].append(_rel(body, build_dir))
+            lists[0].append(relative(body, build_dir))
     return nodes
 
 
@@ -139,7 +140,7 @@ def load_graph(compdb: str, query: str, build_dir: str) -> NinjaGraph:
     edges: list[Edge] = []
     by_signature: dict[tuple, list[Edge]] = {}
     for e in entries:
-        out = _rel(e["output"], build_dir)
+        out = relative(e["output"], build_dir)
         if out not in nodes or nodes[out][0] in SKIP_RULES or not e.get("command"):
             continue
         rule, explicit, implicit, order_only = nodes[out]

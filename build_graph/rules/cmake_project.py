@@ -5,38 +5,25 @@ network), narrowed to the files CMake says it read (the inputs of Ninja's re-run
 to a source file does not re-configure, as with CMake itself): source at /bgraph/src (a writable copy: configures may generate sources into it),
 build directory /bgraph/out, toolchains at fixed paths, so nothing it writes holds a host
 path. The same action asks Ninja for its graph (see ninja_graph.py). Round 2 plans every
-edge the wanted outputs need as actions:
-
-- nvcc compiles go through `nvcc_compile.compile_tu` (per TU and arch, early cutoff), each
-  with its own flags and -gencode list;
-- other compiles (a `-MF` depfile in the command) run as one action narrowed by that depfile;
-- link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
-  build directory.
+edge the wanted outputs need as actions (ninja_import.py: nvcc compiles per TU and arch
+through `nvcc_compile.compile_tu`, other compiles narrowed by their depfile).
 
 The CMake file API is not queried: its replies list a target's dependencies in an order that
 varies from run to run (the configure would not be reproducible), and Ninja's tools already
 give every edge with its command.
-
-Every edge runs with the build directory staged into /bgraph/out (symlinks into a read-only
-mount), so its command runs verbatim, as Ninja would run it.
 """
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field
 
-from build_graph.model import Tree
-from build_graph.nvcc import split_command
-from build_graph.ninja_graph import Edge, NinjaGraph, NinjaGraphError, load_graph
-from build_graph.rules.base import OUT, SRC, Attrs, Parallel, PlanGen, RuleContext, labels_in
-from build_graph.rules.nvcc_compile import SourceView, compile_tu
-from build_graph.model import TargetOutput
+from build_graph.model import TargetOutput, Tree
+from build_graph.ninja_graph import NinjaGraphError, load_graph
+from build_graph.rules.base import OUT, SRC, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.ninja_import import NVCC, EdgeSetting, import_edges
 
-CMAKE, NINJA, STAGE, ORIG = "/bgraph/cmake", "/bgraph/ninja", "/bgraph/stage", "/bgraph/in/src"
+CMAKE, NINJA, ORIG = "/bgraph/cmake", "/bgraph/ninja", "/bgraph/in/src"
 META = ".bgraph"  # the configure's own files inside its output (graph, log, generated sources)
-NVCC = "/bgraph/toolchain/bin/nvcc"
 
 # Runs in the sandbox. $1 = cmake, $2 = ninja; the rest are cmake's arguments. The configure
 # log is kept; on failure CMake's own error text goes to stderr, and a download or clone the
@@ -203,85 +190,13 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
     src_tree = source.overlaid(out.subtree(f"{META}/generated"))
     build_tree = Tree({p: e for p, e in out.entries.items() if not p.startswith(f"{META}/")})
 
-    # Round 2: the edges, in waves of edges whose inputs are all built.
-    mounts = {SRC: src_tree, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}
-    built: dict[str, object] = {}
-    depth: dict[int, int] = {}
-    for edge in edges:
-        depth[id(edge)] = 1 + max((depth[id(d)] for d in graph.deps(edge)), default=-1)
-    for wave in range(max(depth.values(), default=-1) + 1):
-        batch = [e for e in edges if depth[id(e)] == wave]
-        results = yield Parallel(_plan_edge(ctx, graph, e, build_tree, built, mounts, env, toolchain, host)
-                                 for e in batch)
-        for e, tree in zip(batch, results, strict=True):
-            built.update(tree.entries)
+    # Round 2: every edge the wanted outputs need (ninja_import.py).
+    setting = EdgeSetting({SRC: src_tree, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}, env, toolchain, host,
+                          a.memory_mb, link_rules=("*LINKER*",), mnemonic="Cmake")
+    built = yield from import_edges(ctx, graph, edges, build_tree, setting)
     wanted = {}
     for w in a.outputs:
         for f in graph.resolve(w):
             wanted[f] = built[f]
     return TargetOutput(Tree(wanted), {"outputs": sorted(wanted), "configure": configured.action.key(ctx.digester)})
 
-
-def _edge_inputs(graph: NinjaGraph, edge: Edge, built: dict) -> Tree:
-    """The built files an edge reads, transitively through phony aliases (build-dir paths)."""
-    files = {}
-    for i in edge.inputs():
-        for f in graph.resolve(i):
-            if f in built:
-                files[f] = built[f]
-    return Tree(files)
-
-
-def _without(argv: list[str], flags_with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in flags_with_value:
-            skip = True
-        elif arg not in flags:
-            out.append(arg)
-    return out
-
-
-def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree, built: dict,
-               mounts: dict[str, Tree], env: dict[str, str], toolchain, host):
-    """Sub-plan for one edge; returns the tree of its outputs (build-dir paths)."""
-    name = edge.outputs[0]
-    inputs = _edge_inputs(graph, edge, built)
-    argv = split_command(edge.command)  # shlex's rules, without its pure-Python cost per edge
-    is_compile = "-c" in argv and "-o" in argv and "&&" not in argv
-    if is_compile and argv[0] == NVCC:
-        obj = argv[argv.index("-o") + 1]
-        nvcc_args = _without(argv[1:], ("-o", "-MT", "-MF"), ("-MD", "-MMD"))
-        view = SourceView({**mounts, STAGE: build_tree.overlaid(inputs)}, narrow=(SRC, STAGE, *_ext(mounts)),
-                          staged=STAGE, memory_mb=ctx.attrs.memory_mb)
-        flat = re.sub(r"[^A-Za-z0-9_.-]", "_", obj.removeprefix(OUT + "/"))
-        entry = yield from compile_tu(ctx, name, nvcc_args, flat, view, toolchain)
-        return Tree({name: entry})
-    if is_compile and "-MF" in argv:
-        depfile = argv[argv.index("-MF") + 1]
-        [done] = yield [ctx.exec_action(
-            f"compile {name}", "CmakeCompile", ["/bin/sh", "-c", edge.command],
-            inputs={**mounts, STAGE: build_tree.overlaid(inputs)}, outputs=[*edge.outputs, depfile], env=env,
-            toolchain=toolchain, host=host, memory_mb=ctx.attrs.memory_mb, staged=STAGE,
-            narrow=(SRC, STAGE, *_ext(mounts)), depfiles=(depfile,))]
-        return done.tree.select(edge.outputs)
-    if "LINKER" in edge.rule:
-        # A link or archive reads what Ninja lists (objects, libraries) and the external trees
-        # (torch's libraries), never the source tree: an edit to the sources reaches it only
-        # through an object that changed.
-        seen = {m: t for m, t in mounts.items() if m != SRC}  # external trees hold libraries it links
-        seen[STAGE] = inputs
-    else:
-        # A custom command may read anything in the sources and the build tree (it has no depfile).
-        seen = {**mounts, STAGE: build_tree.overlaid(inputs)}
-    [done] = yield [ctx.exec_action(
-        f"{edge.rule.split('__')[0].lower()} {name}", "CmakeEdge", ["/bin/sh", "-c", edge.command],
-        inputs=seen, outputs=edge.outputs, env=env, toolchain=toolchain, host=host,
-        memory_mb=ctx.attrs.memory_mb, staged=STAGE)]
-    return done.tree
-
-
-def _ext(mounts: dict[str, Tree]) -> tuple[str, ...]:
-    return tuple(m for m in mounts if m.startswith(("/bgraph/ext/", "/bgraph/exec/")))
