@@ -8,7 +8,8 @@ from typing import Callable
 from pydantic import BaseModel
 
 from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain,
-                               deb_packages, genrule, host_tools, patched_tree, py_wheel, python_env)
+                               deb_packages, genrule, host_tools, ninja_generator, patched_tree, py_wheel,
+                               python_env)
 
 
 def _none(attrs) -> list:
@@ -55,6 +56,10 @@ RULES: dict[str, Rule] = {
     "cmake_project": Rule("cmake_project", cmake_project.CmakeProjectAttrs, cmake_project.plan_cmake_project,
                           cmake_project.cmake_project_deps, cmake_project.cmake_project_sources,
                           transition=cmake_project.cmake_project_transition),
+    "ninja_generator": Rule("ninja_generator", ninja_generator.NinjaGeneratorAttrs,
+                            ninja_generator.plan_ninja_generator, ninja_generator.ninja_generator_deps,
+                            ninja_generator.ninja_generator_sources,
+                            transition=ninja_generator.ninja_generator_transition),
     "python_env": Rule("python_env", python_env.PythonEnvAttrs, python_env.plan_python_env),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
                      py_wheel.py_wheel_sources, transition=py_wheel.py_wheel_transition),

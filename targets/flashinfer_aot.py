@@ -1,0 +1,66 @@
+"""FlashInfer's own AOT generator, stopped before it builds: `python -m flashinfer.aot` with its
+build step replaced by writing each module's build.ninja (and sources) and one top build.ninja of
+`subninja` lines. bgraph imports that graph (rules/ninja_generator.py); nothing here compiles.
+
+    python3 flashinfer_aot.py --src ROOT [--modules GLOB,GLOB] [--manifest FILE] -- AOT_ARGS...
+
+ROOT is the FlashInfer source tree (its `flashinfer` package is imported from there without
+running `flashinfer/__init__.py`, which imports the whole runtime); AOT_ARGS are
+`python -m flashinfer.aot`'s own flags (`--build-dir` is where the ninja files go). --modules
+keeps the modules whose names match one of the globs (default: all); --manifest writes every
+module FlashInfer's enumeration gave, with its source count and whether it was kept.
+"""
+
+import argparse
+import fnmatch
+import sys
+import types
+from pathlib import Path
+
+
+def main() -> None:
+    """Run flashinfer.aot.main with its build step replaced by writing ninja files."""
+    own = argparse.ArgumentParser()
+    own.add_argument("--src", required=True, type=Path)
+    own.add_argument("--modules", default="*")
+    own.add_argument("--manifest", type=Path)
+    args, aot_args = own.parse_known_args()
+    if aot_args[:1] == ["--"]:
+        aot_args = aot_args[1:]
+    # The package without its __init__ (which imports the runtime: cuDNN, CUTLASS DSL, ...).
+    package = types.ModuleType("flashinfer")
+    package.__path__ = [str(args.src / "flashinfer")]
+    sys.modules["flashinfer"] = package
+    from flashinfer import aot
+    from flashinfer.jit import core
+
+    patterns = [p for p in args.modules.split(",") if p]
+
+    def write_ninja_files(specs, verbose=False, skip_prebuilt=True):
+        kept = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+        missing = [p for p in patterns if not any(fnmatch.fnmatchcase(s.name, p) for s in specs)]
+        if missing:
+            sys.exit(f"flashinfer_aot: no module matches {', '.join(missing)} "
+                     f"(FlashInfer's enumeration for this arch list gave {len(specs)} modules)")
+        if args.manifest:
+            args.manifest.parent.mkdir(parents=True, exist_ok=True)
+            args.manifest.write_text("".join(
+                f"{s.name}\t{len(s.sources)}\t{'kept' if s in kept else 'left'}\n"
+                for s in sorted(specs, key=lambda s: s.name)))
+        lines = ["ninja_required_version = 1.3"]
+        for spec in sorted(kept, key=lambda s: s.name):
+            if not isinstance(spec, core.JitSpecNvcc):
+                sys.exit(f"flashinfer_aot: module {spec.name} is a {type(spec).__name__}, not an nvcc module")
+            spec.write_ninja()
+            lines.append(f"subninja {spec.ninja_path}")
+        top = core.jit_env.FLASHINFER_WORKSPACE_DIR / "build.ninja"
+        top.write_text("\n".join(lines) + "\n")
+
+    aot.build_jit_specs = write_ninja_files
+    aot.copy_built_kernels = lambda specs, out_dir: None
+    sys.argv = ["flashinfer.aot", *aot_args]
+    aot.main()
+
+
+if __name__ == "__main__":
+    main()
