@@ -296,6 +296,7 @@ def load(root: Path) -> Workspace:
 
     targets: dict[Label, Target] = {}
     packages: dict[str, str] = {}
+    raw: dict[Label, tuple[dict[str, Any], str, str, str, int | None]] = {}  # label -> table, file, name, text, line
     for path in sorted((root / "targets").rglob("*.toml")):
         rel = path.relative_to(root)
         data, text = _read_toml(path, rel.as_posix())
@@ -315,20 +316,22 @@ def load(root: Path) -> Workspace:
             loc = where(rel.as_posix(), name, None, starts.get(name))
             if not isinstance(table, dict):
                 raise LoadError("a target must be a table ([name] with kind = ...)", where=loc)
-            label = parse_label(f"//{package}:{name}", where=loc)
-            kind = table.get("kind")
-            if kind not in RULES:
-                import difflib
-                close = difflib.get_close_matches(str(kind), list(RULES), n=2)
-                raise LoadError(f"unknown kind {kind!r}" if kind else "missing required key 'kind'",
-                                where=where(rel.as_posix(), name, "kind", _line_of(text, name, "kind")),
-                                hint=f"did you mean {', '.join(close)}?" if close else f"known kinds: {', '.join(sorted(RULES))}")
-            attrs_data = {k: v for k, v in table.items() if k != "kind"}
-            try:
-                attrs = RULES[kind].attrs.model_validate(attrs_data)
-            except ValidationError as e:
-                raise _validation_error(e, rel.as_posix(), text, [name]) from None
-            targets[label] = Target(label, kind, attrs, rel.as_posix(), name)
+            raw[parse_label(f"//{package}:{name}", where=loc)] = (table, rel.as_posix(), name, text, starts.get(name))
+    for label, (table, file, name, text, _line) in raw.items():
+        table = _with_base(label, raw)
+        kind = table.get("kind")
+        if kind not in RULES:
+            import difflib
+            close = difflib.get_close_matches(str(kind), list(RULES), n=2)
+            raise LoadError(f"unknown kind {kind!r}" if kind else "missing required key 'kind'",
+                            where=where(file, name, "kind", _line_of(text, name, "kind")),
+                            hint=f"did you mean {', '.join(close)}?" if close else f"known kinds: {', '.join(sorted(RULES))}")
+        attrs_data = {k: v for k, v in table.items() if k != "kind"}
+        try:
+            attrs = RULES[kind].attrs.model_validate(attrs_data)
+        except ValidationError as e:
+            raise _validation_error(e, file, text, [name]) from None
+        targets[label] = Target(label, kind, attrs, file, name)
     workspace = Workspace(root, model, targets)
     # Labels inside attributes must parse and exist; check now so errors name the file and key.
     for target in targets.values():
@@ -337,6 +340,45 @@ def load(root: Path) -> Workspace:
             dep_label = parse_label(dep, package=target.label.package, where=loc)
             workspace.target(dep_label, where_=loc)
     return workspace
+
+
+def _with_base(label: Label, raw: dict, seen: tuple[Label, ...] = ()) -> dict[str, Any]:
+    """A target's table with `base` followed: the base target's table (itself perhaps a variant),
+    with this table's keys in place of the base's (a key's whole value: a nested table too)."""
+    from build_graph.rules.registry import RULES
+
+    table, file, name, text, _line = raw[label]
+    if "base" not in table:
+        return table
+    loc = where(file, name, "base", _line_of(text, name, "base"))
+    if not isinstance(table["base"], str):
+        raise LoadError("base must be a label (\":other-target\")", where=loc)
+    base_label = parse_label(table["base"], package=label.package, where=loc)
+    if base_label not in raw:
+        import difflib
+        close = difflib.get_close_matches(str(base_label), [str(k) for k in raw], n=3, cutoff=0.6)
+        raise LoadError(f"unknown base {base_label}", where=loc,
+                        hint=f"did you mean {', '.join(close)}?" if close else "base names a target of the workspace")
+    if base_label in (label, *seen):
+        chain = " -> ".join(str(x) for x in (*seen, label, base_label))
+        raise LoadError(f"base cycle: {chain}", where=loc)
+    merged = dict(_with_base(base_label, raw, (*seen, label)))
+    kind = merged.get("kind")
+    if "kind" in table and table["kind"] != kind:
+        raise LoadError(f"a variant keeps its base's kind ({kind!r}), not {table['kind']!r}",
+                        where=where(file, name, "kind", _line_of(text, name, "kind")))
+    fields = RULES[kind].attrs.model_fields if kind in RULES else {}
+    for key, value in table.items():
+        if key in ("base", "kind"):
+            continue
+        if fields and key not in fields:
+            import difflib
+            close = difflib.get_close_matches(key, list(fields), n=2)
+            raise LoadError(f"unknown key {key!r} for a variant of {base_label} (kind {kind})",
+                            where=where(file, name, key, _line_of(text, name, key)),
+                            hint=f"did you mean {', '.join(close)}?" if close else None)
+        merged[key] = value
+    return merged
 
 
 class UserConfig(Strict):
