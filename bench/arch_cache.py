@@ -57,7 +57,7 @@ STEP_TITLES = {"cold": "(i) cold", "warm": "(ii) warm, outputs removed",
                "edit-1210": "(iii) edit in `__CUDA_ARCH__ == 1210` block", "add-arch": "(iv) add arch 10.0a"}
 BUILDERS = ["plain", "ccache", "sccache", "bgraph"]
 # Product-owner targets for bgraph, as ratio to plain for the same step.
-TARGETS = {"cold": 1.05, "warm": 0.02, "edit-1210": 0.5, "add-arch": 0.45}
+TARGETS = {"cold": 1.05, "warm": 0.03, "edit-1210": 0.5, "add-arch": 0.45}
 PEERS = {"sccache": {"cold": 1.18, "warm": 0.23, "edit-1210": 0.64, "add-arch": 0.50}}
 
 # ---------------------------------------------------------------------------------------------

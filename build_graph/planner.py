@@ -12,7 +12,7 @@ from build_graph.errors import LoadError, PlanError, where
 from build_graph.configs import Config
 from build_graph.labels import Label
 from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
-from build_graph.rules.base import Parallel, RuleContext
+from build_graph.rules.base import Dataflow, Parallel, RuleContext
 from build_graph.rules.registry import RULES
 from build_graph.workspace import Target, Workspace
 
@@ -50,15 +50,28 @@ class _Frame:
     waiting: int = 0
 
 
-Slot = tuple[_Frame, int]
+@dataclass(eq=False)
+class _Flow:
+    """A Dataflow a frame yielded: which steps are done, and how many needs each one still waits on."""
+
+    frame: _Frame  # resumed with `done` once every step is
+    steps: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], Action]]]
+    missing: dict[str, int]
+    dependents: dict[str, list[str]]
+    done: dict[str, Any] = field(default_factory=dict)
+
+
+Slot = tuple[_Frame | _Flow, Any]  # (frame, index in its batch) or (flow, step name)
 
 
 class TargetPlan:
     """One target's plan in progress: a tree of generator frames.
 
-    A frame yields a list of actions (resumed with their Outcomes once all are known) or a
-    Parallel of sub-plans (resumed with their return values). Sibling sub-plans advance
-    independently, so one translation unit's chain never waits at another's barrier.
+    A frame yields a list of actions (resumed with their Outcomes once all are known), a
+    Parallel of sub-plans (resumed with their return values), or a Dataflow (each step made
+    and run once the steps it needs are done; resumed with all their Outcomes). Sibling
+    sub-plans advance independently, so one translation unit's chain never waits at another's
+    barrier, and a Dataflow's steps never wait at a wave's.
     """
 
     def __init__(self, target: Target, gen: Any):
@@ -73,6 +86,8 @@ class TargetPlan:
     def complete(self, slot: Slot, outcome: Outcome) -> list[tuple[Slot, Action]]:
         """Record one action's outcome; returns the actions this made ready."""
         frame, i = slot
+        if isinstance(frame, _Flow):
+            return self._flow_done(frame, i, outcome)
         frame.results[i] = outcome
         frame.waiting -= 1
         return self._send(frame, frame.results) if frame.waiting == 0 else []
@@ -103,11 +118,55 @@ class TargetPlan:
                 for i, sub in enumerate(step.plans):
                     ready += self._send(_Frame(sub, frame, i), None)
                 return ready
+            if isinstance(step, Dataflow):
+                if not step.steps:
+                    value = {}
+                    continue
+                return ready + self._flow_start(frame, step)
             batch = list(step)
             if not batch:
                 raise PlanError("rule yielded an empty batch", where=str(self.target.label))
             frame.results, frame.waiting = [None] * len(batch), len(batch)
             return ready + [((frame, i), a) for i, a in enumerate(batch)]
+
+
+    def _flow_start(self, frame: _Frame, flow: Dataflow) -> list[tuple[Slot, Action]]:
+        """Check the graph (every need a step, no cycle) and return its first actions."""
+        dependents: dict[str, list[str]] = {name: [] for name in flow.steps}
+        for name, (needs, _make) in flow.steps.items():
+            for n in dict.fromkeys(needs):
+                if n not in dependents:
+                    raise PlanError(f"step {name!r} needs {n!r}, which no step makes", where=str(self.target.label))
+                dependents[n].append(name)
+        missing = {name: len(set(needs)) for name, (needs, _make) in flow.steps.items()}
+        order = [name for name, m in missing.items() if not m]
+        left = dict(missing)
+        for name in order:  # Kahn's walk: every step must be reachable
+            for d in dependents[name]:
+                left[d] -= 1
+                if not left[d]:
+                    order.append(d)
+        if len(order) != len(flow.steps):
+            stuck = sorted(set(flow.steps) - set(order))
+            raise PlanError(f"steps form a cycle: {', '.join(stuck[:4])}", where=str(self.target.label))
+        state = _Flow(frame, flow.steps, missing, dependents)
+        return [self._flow_make(state, name) for name, m in missing.items() if not m]
+
+    def _flow_make(self, flow: _Flow, name: str) -> tuple[Slot, Action]:
+        needs, make = flow.steps[name]
+        return (flow, name), make({n: flow.done[n] for n in needs})
+
+    def _flow_done(self, flow: _Flow, name: str, outcome: Outcome) -> list[tuple[Slot, Action]]:
+        """One step of a Dataflow done: the steps it was the last need of, or the frame's resumption."""
+        flow.done[name] = outcome
+        if len(flow.done) == len(flow.steps):
+            return self._send(flow.frame, flow.done)
+        ready = []
+        for d in flow.dependents[name]:
+            flow.missing[d] -= 1
+            if not flow.missing[d]:
+                ready.append(self._flow_make(flow, d))
+        return ready
 
 
 def plan_target(ws: Workspace, target: Target, config: Config, digester: Digester,

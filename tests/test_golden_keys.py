@@ -56,7 +56,9 @@ def planned_keys() -> dict[str, str]:
     tu = parallel.plans[0]
     [dryrun] = next(tu)
     keys["cuda_library dryrun"] = dryrun.key(B3)
-    steps = tu.send([Outcome(dryrun, Tree({"dryrun.txt": FileEntry("5" * 64, 1)}), "executed")])
+    flow = tu.send([Outcome(dryrun, Tree({"dryrun.txt": FileEntry("5" * 64, 1)}), "executed")])
+    # The steps that need no other step's output (the preprocessing ones): a Dataflow's first actions.
+    steps = [make({}) for needs, make in flow.steps.values() if not needs]
     for action in steps:
         keys[f"cuda_library {action.name}"] = action.key(B3)
 

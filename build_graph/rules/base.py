@@ -29,6 +29,16 @@ class Parallel:
     def __init__(self, plans: Iterable[Any]):
         object.__setattr__(self, "plans", tuple(plans))
 
+
+@dataclass(frozen=True)
+class Dataflow:
+    """Yielded by a plan: a graph of actions, each made (by a pure function of the Outcomes of
+    the steps it needs) and run as soon as those steps are done, as Ninja and Bazel run a graph.
+    `steps`: name -> (names it needs, make(outcomes by name) -> Action). Resumed with every
+    step's Outcome by name once all are done."""
+
+    steps: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], Action]]]
+
 # Every sandboxed action starts from this environment; rules add to it. It is part of the key.
 BASE_ENV = {
     "PATH": "/bgraph/toolchain/bin:/usr/bin:/bin",
@@ -127,7 +137,8 @@ class RuleContext:
                                 hint="name a deb_packages target without sysroot = true as tools/host")
             usr = info.get(SYSTEM_ROOT)
             if usr is not None:  # a pinned system (deb_packages): its usr/ is the sandbox's /usr
-                if mounts.setdefault(SYSTEM_USR, usr) != usr:
+                known = mounts.setdefault(SYSTEM_USR, usr)
+                if known is not usr and known != usr:  # one shared Tree object: no 100,000-entry comparison
                     raise self.fail("two different system roots for one action (its tools and its "
                                     "toolchain's host)", hint="give the toolchain and the target the same root")
                 continue

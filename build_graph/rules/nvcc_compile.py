@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from build_graph.model import FileEntry, TargetOutput, Tree
+from build_graph.model import TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
-from build_graph.rules.base import OUT, TOOLCHAIN, RuleContext
+from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
 
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
                  "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
@@ -48,15 +48,15 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
         env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name, symbol)
     except DryrunError as e:
         raise ctx.fail(f"{name}: {e}") from None
-    produced: dict[str, FileEntry] = {}
-    pending = list(steps)
-    while pending:
-        ready = [s for s in pending if all(i in produced for i in s.needs())]
-        if not ready:
-            raise ctx.fail(f"{name}: nvcc steps form a cycle; cannot schedule")
-        batch = []
-        for s in ready:
-            pending.remove(s)
+    producer = {out: str(i) for i, s in enumerate(steps) for out in s.outputs}
+    missing = sorted({n for s in steps for n in s.needs() if n not in producer})
+    if missing:
+        raise ctx.fail(f"{name}: nvcc steps read {missing[0]}, which no step writes; cannot schedule")
+
+    def make(s):
+        def action(done):  # the step's action, from the Outcomes of the steps it reads from
+            produced = {n: done[producer[n]].tree.entries[steps[int(producer[n])].output_path(n)]
+                        for n in s.needs()}
             files = {i: produced[i] for i in s.inputs}
             files.update({alias: produced[orig] for alias, orig in s.aliases.items()})
             inputs = {"/bgraph/in": Tree(files)}
@@ -74,14 +74,17 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 outputs.append(depfile)
                 narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged}
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
-            batch.append(ctx.exec_action(
+            return ctx.exec_action(
                 f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
                 outputs=outputs, env=env, toolchain=toolchain, memory_mb=view.memory_mb if heavy else 256,
-                cwd=view.cwd if s.reads_source else OUT, **narrow))
-        for s, outcome in zip(ready, (yield batch), strict=True):
-            for out in s.outputs:
-                produced[out] = outcome.tree.entries[s.output_path(out)]
-    return produced[steps[-1].outputs[0]]
+                cwd=view.cwd if s.reads_source else OUT, **narrow)
+        return action
+
+    # Each step runs once the steps it reads from are done: ptxas 121a never waits for cicc 120a.
+    done = yield Dataflow({str(i): (tuple(dict.fromkeys(producer[n] for n in s.needs())), make(s))
+                           for i, s in enumerate(steps)})
+    last = steps[-1]
+    return done[str(len(steps) - 1)].tree.entries[last.output_path(last.outputs[0])]
 
 
 def _source_file(nvcc_args: list[str], view: SourceView) -> dict[str, Tree]:

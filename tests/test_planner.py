@@ -1,0 +1,95 @@
+"""The planner drives a rule's plan as dataflow: each action is ready as soon as the actions it
+reads from are done (no waves), checked on a cuda_library TU planned from a recorded dryrun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from build_graph.errors import PlanError
+from build_graph.labels import Label
+from build_graph.model import Digester, FileEntry, Outcome, TargetOutput, Tree
+from build_graph.planner import TargetPlan
+from build_graph.rules.base import Dataflow, RuleContext
+from build_graph.rules.registry import RULES
+from build_graph.workspace import Target
+
+DATA = Path(__file__).parent / "data"
+B3 = Digester("blake3")
+HOST = TargetOutput(Tree(), {"host_paths": ["/usr"], "host_tools": [["/usr/bin/sh", "sh", "0" * 64]]})
+TOOLCHAIN = TargetOutput(Tree({"bin/nvcc": FileEntry("1" * 64, 10, True)}), {"host": HOST.info})
+DRYRUN = (DATA / "nvcc13.0-dryrun-120a-121a.txt").read_bytes()
+
+
+def _plan(kind: str, attrs: dict, plan_gen=None) -> TargetPlan:
+    rule = RULES[kind]
+    label = Label("p", "lib")
+    ctx = RuleContext(
+        label=label, attrs=rule.attrs(**attrs), file="targets/p.toml", table="lib", platform="x86_64",
+        digester=B3, deps={Label("toolchains", "cuda-13.0"): TOOLCHAIN},
+        sources=Tree({"k/k.cu": FileEntry("2" * 64, 100)}), pins=None, arch_sets=lambda v, _w: v,
+        read=lambda e: DRYRUN, probe_host=lambda tools: (), rule_version=f"{kind}/{rule.version}",
+        extra={"expanded": {"srcs": ["k/k.cu"]}})
+    target = Target(label=label, kind=kind, attrs=ctx.attrs, file="targets/p.toml", table="lib")
+    return TargetPlan(target, plan_gen(ctx) if plan_gen else rule.plan(ctx))
+
+
+def _outcome(action, n: int) -> Outcome:
+    """A made-up result holding every declared output (distinct digests per action)."""
+    files = {o: FileEntry(f"{n:02d}{i:02d}".ljust(64, "a"), 1) for i, o in enumerate(action.outputs)}
+    return Outcome(action, Tree(files), "executed")
+
+
+def test_each_nvcc_step_runs_once_its_own_inputs_exist():
+    plan = _plan("cuda_library", {"srcs": ["k/k.cu"], "archs": ["12.0a", "12.1a"]})
+    ready = dict((a.name, (slot, a)) for slot, a in plan.start())
+    slot, dryrun = ready.pop("dryrun k/k.cu")
+    ready.update((a.name, (s, a)) for s, a in plan.complete(slot, _outcome(dryrun, 0)))
+    assert set(ready) == {"hostpp k/k.cu", "devpp k/k.cu 1200", "devpp k/k.cu 1210"}
+    n = 1
+
+    def finish(name):
+        nonlocal n
+        slot, action = ready.pop(name)
+        n += 1
+        new = plan.complete(slot, _outcome(action, n))
+        ready.update((a.name, (s, a)) for s, a in new)
+        return {a.name for _s, a in new}
+
+    assert finish("hostpp k/k.cu") == {"cudafe k/k.cu"}
+    assert finish("cudafe k/k.cu") == set()  # cicc also reads its arch's preprocessed text
+    assert finish("devpp k/k.cu 1210") == {"cicc k/k.cu 121a"}
+    # 12.1a's chain goes on while 12.0a's preprocessing and cicc are still running: no waves.
+    assert finish("cicc k/k.cu 121a") == {"ptxas k/k.cu 121a", "hostcc k/k.cu"}
+    assert finish("ptxas k/k.cu 121a") == set()
+    assert finish("hostcc k/k.cu") == set()
+    assert finish("devpp k/k.cu 1200") == {"cicc k/k.cu 120a"}
+    assert finish("cicc k/k.cu 120a") == {"ptxas k/k.cu 120a"}
+    assert finish("ptxas k/k.cu 120a") == {"fatbin k/k.cu"}
+    assert finish("fatbin k/k.cu") == {"fatbinobj k/k.cu"}
+    assert finish("fatbinobj k/k.cu") == {"link k/k.cu"}
+    assert finish("link k/k.cu") == {"archive"}
+    slot, archive = ready.pop("archive")
+    assert plan.complete(slot, _outcome(archive, 99)) == [] and plan.output is not None
+
+
+def _flow_rule(steps):
+    def gen(ctx):
+        done = yield Dataflow(steps)
+        return TargetOutput(Tree(), {"done": sorted(done)})
+    return gen
+
+
+def test_a_dataflow_cycle_or_unknown_need_is_a_plan_error():
+    cyclic = {"a": (("b",), None), "b": (("a",), None)}
+    with pytest.raises(PlanError, match="cycle"):
+        _plan("genrule", {"cmd": "true", "outs": ["x"]}, _flow_rule(cyclic)).start()
+    unknown = {"a": (("nothing",), None)}
+    with pytest.raises(PlanError, match="no step makes"):
+        _plan("genrule", {"cmd": "true", "outs": ["x"]}, _flow_rule(unknown)).start()
+
+
+def test_an_empty_dataflow_resumes_at_once():
+    plan = _plan("genrule", {"cmd": "true", "outs": ["x"]}, _flow_rule({}))
+    assert plan.start() == [] and plan.output.info == {"done": []}
