@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Benchmark: graph size. A package of N one-line genrules (each copies one source file) and one
 target that depends on all of them; the same graph as a build.ninja. Measured side by side:
-the cold build and the no-op build (at N <= --cold-max), planning all N actions against an
-empty cache (`bgraph build --dry-run`: keys, cache lookups, sources stored; nothing runs) with
-its peak RSS, and `bgraph query` of the whole graph; Ninja's cold and no-op builds beside.
+the cold build and the no-op build (at N <= --cold-max), planning all N actions against a cache
+that holds only the genrules' shell toolchain (`bgraph build --dry-run`: N sources stored, N keys
+computed and looked up; nothing runs) with its peak RSS, `bgraph query` of the whole graph and
+`bgraph why` of one target and file (after the cold build); Ninja's cold and no-op builds beside.
 
-Usage: python3 bench/scale.py [--sizes 1000,10000,100000] [--cold-max 10000] [--json-out FILE]
+--bgraph-path DIR runs the bgraph found there (a snapshot of one commit: `git archive REV | tar -x
+-C DIR`) instead of the installed one, so edits to the checkout during a run cannot mix versions.
+
+Usage: python3 bench/scale.py [--sizes 1000,10000,100000] [--cold-max 10000] [--bgraph-path DIR]
+                              [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -45,11 +50,14 @@ def generate(root: Path, n: int) -> None:
                                                               "build out/count.txt: count"))
 
 
+ENV = dict(os.environ)
+
+
 def timed(argv, cwd, rss: bool = False):
     """Wall seconds of one command (and its peak RSS in MiB, from wait4, with rss=True)."""
     with tempfile.TemporaryFile() as out:
         start = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=ENV)
         _pid, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - start
         if os.waitstatus_to_exitcode(status) != 0:
@@ -62,23 +70,36 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--cold-max", type=int, default=10000)
+    ap.add_argument("--bgraph-path", help="run bgraph from this directory (PYTHONPATH)")
     ap.add_argument("--json-out")
     args = ap.parse_args()
+    if args.bgraph_path:
+        ENV["PYTHONPATH"] = str(Path(args.bgraph_path).resolve())
     bgraph = [sys.executable, "-m", "build_graph"]
     rows = []
+    template = Path(tempfile.mkdtemp(prefix="scale-toolchain-"))  # the shell toolchain, built once, untimed
     for n in (int(x) for x in args.sizes.split(",")):
         root = Path(tempfile.mkdtemp(prefix=f"scale-{n}-"))
         generate(root, n)
+        if not (template / "v1").exists():
+            timed([*bgraph, "--cache-dir", str(template), "build", "-j2", "//toolchains:host"], root)
         row = {"n": n}
         row["query_s"] = timed([*bgraph, "query", "deps(//many:all-of-them)"], root)
+        subprocess.run(["cp", "-a", str(template), str(root / "plan-cache")], check=True)
         row["plan_s"], row["plan_rss_mib"] = timed(
             [*bgraph, "--cache-dir", str(root / "plan-cache"), "build", "--dry-run", "//many:all-of-them"],
             root, rss=True)
+        shutil.rmtree(root / "plan-cache", ignore_errors=True)
         if n <= args.cold_max:
             cache = root / "cache"
+            subprocess.run(["cp", "-a", str(template), str(cache)], check=True)
             row["cold_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "-j2", "//many:all-of-them"], root)
             row["noop_s"] = min(timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
                                 for _ in range(3))
+            row["noop_rss_mib"] = timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root,
+                                        rss=True)[1]
+            row["why_s"] = min(timed([*bgraph, "--cache-dir", str(cache), "why", "//many:g0", "src/f0.txt"], root)
+                               for _ in range(3))
         ninja = shutil.which("ninja")
         if ninja:
             row["ninja_cold_s"] = timed([ninja, "-j2"], root)
@@ -86,6 +107,7 @@ def main() -> None:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         rows.append(row)
         shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(template, ignore_errors=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
 

@@ -27,6 +27,8 @@ from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
 from build_graph.store.peaks import Peaks
+from build_graph.store.state import STATE_FILE, BuildState
+from build_graph.store.trace import Trace, trace_bytes
 from build_graph.variants import Variant
 from build_graph.workspace import Workspace, host_platform
 
@@ -125,10 +127,14 @@ class Engine:
         if self.options.remote is not None and self.options.remote.url:
             self.ac = self.remote = _layered(self.ac, self.cas, self.digester, self.options.remote,
                                              warn or (lambda message: None))
-        self.trace = self.variant.trace(self.cas.base, self.cas.tmp)
+        # One state file holds the traces and a memo of results (store/state.py); a remote
+        # cache that backfills sees every local hit, so with one the memo is not consulted.
+        self.state = BuildState(self.cas.base / STATE_FILE)
+        self.trace = (self.variant.trace(self.cas.base, self.cas.tmp) if self.variant.name
+                      else Trace(self.cas.base, self.cas.tmp, self.state))
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
-        self.rebuilder = Rebuilder(self.cas, self.ac, self.digester)
+        self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state)
         self.dep_map = dependency_map(ws)
         self._sandbox = None
         self._fetcher = None
@@ -236,16 +242,20 @@ class _TargetState:
     """One target's progress within one build."""
 
     plan: TargetPlan
-    recorded: dict[str, Any]  # the whole trace the last build left
+    load_trace: Any  # () -> the whole trace the last build left (read on a first miss only)
+    recorded_digest: str | None  # its digest, where the state file has it
     trace_actions: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
     running: int = 0  # actions submitted and not yet finished
 
-    @property
-    def previous(self) -> dict[str, Any]:
-        """Action name -> what the last build recorded (to explain misses)."""
-        return self.recorded.get("actions", {})
+    _previous: dict[str, Any] | None = None
+
+    def previous(self, name: str) -> dict[str, Any] | None:
+        """What the last build recorded for action `name` (to explain a miss)."""
+        if self._previous is None:
+            self._previous = self.load_trace().get("actions", {})
+        return self._previous.get(name)
 
 
 class _BuildRun:
@@ -256,8 +266,9 @@ class _BuildRun:
         self.labels = configs.requested(engine.ws, labels, engine.options.exec_platform, engine.options.platform)
         self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order
-        for label in self.order:  # a missing source is a load error: report it before running anything
-            engine.variant.expand(engine.ws, engine.ws.targets[label.label])
+        # A missing source is a load error: report it before running anything (kept for planning).
+        self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label])
+                         for label in self.order}
         self.outputs = configs.Outputs()
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
@@ -293,6 +304,7 @@ class _BuildRun:
                 for fut in done:
                     taken, (label, _slot, action, *_rest) = time.monotonic(), self.inflight[fut]
                     self._finished(fut)
+                    self.e.state.maybe_flush()
                     if self.profile is not None:
                         self.profile.plan(f"take back {label} {action.name}", taken)
                 if not self.stopping:
@@ -306,6 +318,7 @@ class _BuildRun:
         finally:
             self.e.reporter.finish()
             self.e.cas.save_stamps()
+            self.e.state.flush()
             self.e.peaks.save()
             self.e.host_probes.save()
         self.scheduler.join()
@@ -358,11 +371,12 @@ class _BuildRun:
             target = e.ws.targets[label.label]
             planned = time.monotonic()
             try:
-                expanded = e.variant.expand(e.ws, target)
+                expanded = self.expanded.pop(label)
                 sources = e.variant.store(e.cas, e.ws.root, expanded)
                 plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
                                    sources, expanded, e.cas.read_bytes, e.probe_host)
-                self.targets[label] = _TargetState(plan, e.trace.load(str(label)))
+                self.targets[label] = _TargetState(plan, lambda name=str(label): e.trace.load(name),
+                                                   e.trace.digest(str(label)))
                 self._dispatch(label, plan.start())
             except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
                 self._fail(label, self._as_error(label, err))
@@ -377,7 +391,7 @@ class _BuildRun:
         upstream_dirty = state.executed_any or any(d in self.dirty for d in self.deps[label])
         while ready:
             slot, action = ready.pop(0)
-            decision = e.rebuilder.check(action, state.previous.get(action.name))
+            decision = e.rebuilder.check(action, lambda name=action.name: state.previous(name))
             key, description = action.traced(e.digester)
             state.trace_actions[action.name] = {"key": key, "description": description}
             checked = e._check_this(key, self.sample)  # --check samples by the traced key
@@ -405,8 +419,9 @@ class _BuildRun:
             self.outputs[label] = state.plan.output
             self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
-            if trace != state.recorded:  # a no-op build rewrites no trace file
-                e.trace.save(str(label), trace)
+            encoded = trace_bytes(trace)
+            if encoded[0] != state.recorded_digest:  # a no-op build rewrites no trace
+                e.trace.save(str(label), trace, encoded)
             del self.targets[label]
             e.reporter.target_done(label)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.model import Action, ActionCache, ActionResult, Digester, FileEntry, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+from build_graph.store.state import BuildState
 
 
 @dataclass(frozen=True)
@@ -81,32 +82,49 @@ def _tree_diff(mount: str, old: str, new: str, cas: LocalCas, limit: int = 5) ->
 class Rebuilder:
     """Decides Hit / Miss(reason). Knows nothing of scheduling."""
 
-    def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester):
+    def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester, state: BuildState | None = None):
         self.cas, self.ac, self.digester = cas, ac, digester
+        self.state = state  # the build state's memo of results (state.py): one file, not two per hit
 
-    def _verified(self, key: str, result: ActionResult) -> Hit | Miss:
+    def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
+        """(result, its tree if the memo holds it, whether it came from the memo) under `key`."""
+        memo = self.state.result(key, self.digester) if self.state is not None else None
+        if memo is not None:
+            return memo[0], memo[1], True
+        result = self.ac.get(key)
+        return (result, None, False) if result is not None else None
+
+    def _verified(self, key: str, result: ActionResult, tree: Tree | None = None, memo: bool = False) -> Hit | Miss:
         """A hit if every blob of the cached output is present and sound; else the entry goes."""
         # Held before the blobs are checked: a collection either keeps them or ran first.
         self.cas.holds.hold("key", key)
         self.ac.touch(key)  # its last use, for least-recently-used collection
         try:
-            tree = self.cas.get_tree(result.output_tree)
+            if tree is None:
+                tree = self.cas.get_tree(result.output_tree)
             bad = self.cas.verify_tree(tree)
         except (CorruptBlob, StoreError):
             bad = ["(directory node)"]
         if not bad:
+            if self.state is not None and not memo:
+                self.state.put_result(key, result, tree)
             return Hit(result, tree, key)
         self.ac.remove(key)
+        if self.state is not None:
+            self.state.drop_results([key])
         return Miss(f"cached output corrupted or missing ({bad[0]}); rebuilding")
 
-    def check(self, action: Action, previous: dict[str, Any] | None) -> Hit | Miss:
+    def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
+        """Hit or Miss(reason); `recorded()` gives what the last build recorded for this action
+        (read only to explain a miss)."""
         if action.narrow and action.cacheable:
-            return self._check_narrowed(action, previous)
+            return self._check_narrowed(action, recorded)
         key = action.key(self.digester)
         description = action.description(self.digester)
-        result = self.ac.get(key) if action.cacheable else None
-        if result is not None:
-            return self._verified(key, result)
+        found = self._lookup(key) if action.cacheable else None
+        if found is not None:
+            return self._verified(key, *found)
+        previous = recorded()
         if previous and previous.get("key") == key:
             return Miss("not in the cache (evicted or corrupted)")
         for _mount, t in action.inputs:  # so the next miss can name the changed files
@@ -125,10 +143,13 @@ class Rebuilder:
             key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
             self.ac.put(key, result)
             self.ac.add_manifest(prekey, entry)
-            return key
-        key = action.key(self.digester)
-        if action.cacheable:
+        else:
+            key = action.key(self.digester)
+            if not action.cacheable:
+                return key
             self.ac.put(key, result)
+        if self.state is not None:
+            self.state.put_result(key, result, tree)
         return key
 
     # -- depfile narrowing ---------------------------------------------------------------
@@ -213,17 +234,18 @@ class Rebuilder:
                         return why
         return why
 
-    def _check_narrowed(self, action: Action, previous: dict[str, Any] | None) -> Hit | Miss:
+    def _check_narrowed(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         entries = self.ac.get_manifest(action.prekey(self.digester))
         for entry in entries:
             if self._stale(action, entry):
                 continue
-            result = self.ac.get(entry["key"])
-            if result is not None:
-                return self._verified(entry["key"], result)
+            found = self._lookup(entry["key"])
+            if found is not None:
+                return self._verified(entry["key"], *found)
         for _mount, t in action.inputs:  # so the next miss can name the changed files
             self.cas.put_tree(t)
         if entries:  # same command and other inputs: name the files it read that changed
             return Miss("; ".join(self._stale(action, entries[0])))
+        previous = recorded()
         return Miss(explain_change(previous.get("description") if previous else None,
                                    action.prekey_description(self.digester), self.cas))

@@ -171,6 +171,13 @@ def action(summary: dict[str, Any], label: str, name: str | None = None) -> dict
     return found[0]
 
 
+def recorded_traces(ws: WS) -> dict[str, Any]:
+    """label -> the trace the cache's state file holds for it."""
+    from build_graph.store.trace import Trace
+    trace = Trace(ws.store, ws.cache / "v1" / "tmp")
+    return {label: trace.load(label) for label in trace.labels()}
+
+
 def statuses(summary: dict[str, Any]) -> dict[str, str]:
     """label -> status, for targets with one action each."""
     return {a["label"]: a["status"] for a in summary["actions"]}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bgraph_testlib import action, requires_bwrap, statuses
+from bgraph_testlib import action, recorded_traces, requires_bwrap, statuses
 from build_graph.model import Digester
 from build_graph.scheduler import Scheduler
 
@@ -261,13 +261,13 @@ def test_failed_builds_leave_the_store_untouched(make_ws):
     ws = make_ws(CUTOFF)
     assert ws.build("//p:b").rc == 0
     before = ws.ac_entries()
-    traces = {p.name: p.read_bytes() for p in (ws.store / "trace").iterdir()}
+    traces = recorded_traces(ws)
     assert len(before) == 2
     ws.write({"targets/p.toml": CUTOFF["targets/p.toml"].replace("grep -v", "exit 7; grep -v")})
     run = ws.build("//p:b")
     assert run.rc == 1 and "exited with status 7" in run.stderr
     assert ws.ac_entries() == before
-    assert {p.name: p.read_bytes() for p in (ws.store / "trace").iterdir()} == traces
+    assert recorded_traces(ws) == traces
     assert not list((ws.cache / "v1" / "tmp").iterdir())
     # And the previous outputs are still served from the cache once the edit is undone.
     ws.write(CUTOFF)

@@ -1,5 +1,7 @@
 """The build trace: per target, each action's last description (to explain the next miss)
-and what the last build did (for `bgraph explain`)."""
+and what the last build did (for `bgraph explain`). Kept in the cache's state file (state.py),
+one row per target; a cache from before that file has one `trace/<label>.json` per target,
+still read (never written) until the target's next build records it anew."""
 
 from __future__ import annotations
 
@@ -7,26 +9,49 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import blake3
 import orjson
 
-from build_graph.store.atomic import write_json
+from build_graph.store.state import STATE_FILE, BuildState
+
+
+def trace_bytes(data: dict[str, Any]) -> tuple[str, bytes]:
+    """(digest, encoding) of a trace: a build compares digests to skip rewriting an unchanged one."""
+    encoded = orjson.dumps(data, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return blake3.blake3(encoded).hexdigest(), encoded
 
 
 class Trace:
-    def __init__(self, base: Path, tmp: Path):
-        self.root = base / "trace"
+    def __init__(self, base: Path, tmp: Path, state: BuildState | None = None):
+        self.root = base / "trace"  # the per-file traces of an older cache (read only)
         self.tmp = tmp
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.state = state or BuildState(base / STATE_FILE, create=base.is_dir())
+        self._owned = state is None
 
     def _path(self, label: str) -> Path:
         # Percent-encoding is one-to-one: //a__b:c and //a/b:c get different files.
         return self.root / f"{quote(label, safe='')}.json"
 
     def load(self, label: str) -> dict[str, Any]:
+        found = self.state.trace(label)
+        if found is not None:
+            return found
         try:
             return orjson.loads(self._path(label).read_bytes())
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, NotADirectoryError, ValueError):
             return {}
 
-    def save(self, label: str, data: dict[str, Any]) -> None:
-        write_json(self._path(label), data, self.tmp, sort_keys=True, indent=1)
+    def digest(self, label: str) -> str | None:
+        """The digest of the trace recorded for `label` in the state file (None: none there)."""
+        return self.state.trace_digest(label)
+
+    def save(self, label: str, data: dict[str, Any], encoded: tuple[str, bytes] | None = None) -> None:
+        """Record `label`'s trace (written with the build state's next flush)."""
+        digest, raw = encoded or trace_bytes(data)
+        self.state.put_trace(label, digest, raw)
+        if self._owned:
+            self.state.flush()
+
+    def labels(self) -> list[str]:
+        """Every label with a trace in the state file."""
+        return self.state.trace_labels()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from build_graph.model import Digester
 from build_graph.store.atomic import write_json
+from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.json_table import JsonTable
 from build_graph.store.cas import discard_tree, evict_blob, hash_file, rmtree
 from build_graph.store.lease import LiveBuilds, gc_lock_path, live_builds
@@ -218,12 +219,14 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
         keep_blobs: set[str] = set()
         keep_nodes: set[str] = set()
         kept_keys: set[str] = set()
+        removed_keys: list[str] = []
         total, full = 0, False
         for e in entries:
             need = closure.of_result(e.result) if e.result is not None else None
             if need is None and not pinned(e):
                 e.path.unlink(missing_ok=True)  # unreadable or dangling: useless
                 report.entries_removed += 1
+                removed_keys.append(e.key)
                 continue
             need_nodes, need_blobs = need or (frozenset(), frozenset())
             added = sum(blobs[d].size for d in need_blobs - keep_blobs if d in blobs)
@@ -231,6 +234,7 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
                 full = True  # least recently used from here on: all of it goes
                 e.path.unlink(missing_ok=True)
                 report.entries_removed += 1
+                removed_keys.append(e.key)
                 continue
             report.held_by_builds += e.key in live.keys
             kept_keys.add(e.key)
@@ -244,6 +248,7 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
                 keep_nodes |= rooted[0]
                 keep_blobs |= rooted[1]
         _rewrite_manifests(manifests, kept_keys, layout_root / "tmp")
+        _forget_results(base, removed_keys)
         held_trees = live.trees | root_trees
         trees_root = base / "trees"
         with _keeping_stamps(base, blobs, layout_root / "tmp"):
@@ -297,6 +302,15 @@ def _keeping_stamps(base: Path, blobs: dict[str, _Blob], tmp_dir: Path):
     stamps.save()
 
 
+def _forget_results(base: Path, keys: list[str]) -> None:
+    """Drop the build state's rows of removed entries (a row alone would still be checked blob
+    by blob before use; this keeps the state file from outgrowing the cache)."""
+    if keys:
+        state = BuildState(base / STATE_FILE, create=False)
+        state.drop_results(keys)
+        state.close()
+
+
 def _rewrite_manifests(manifests: list[Path], kept_keys: set[str], tmp_dir: Path) -> None:
     for m in manifests:
         try:
@@ -343,6 +357,8 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                 report.dangling_entries.append(e.key)
                 if repair:
                     e.path.unlink(missing_ok=True)
+        if repair:
+            _forget_results(base, report.dangling_entries)
         good_inodes = {i for d, b in blobs.items() if d not in bad_blobs for i in b.inodes}
         trees_root = base / "trees"
         held = live_builds(layout_root / "tmp").trees

@@ -1,0 +1,220 @@
+"""The build state: one indexed file per cache instead of files per target (like Ninja's
+`.ninja_log` and `.ninja_deps`), so a no-op build opens one file, not three per target.
+
+    <cache>/v1/<digest-fn>/state-v1.sqlite    (WAL mode; see docs/engine-state.md)
+      meta(name, value)                        schema version
+      results(key, result, tree)               action key -> ActionResult JSON and its output
+                                               tree inline (small trees), as last filed or used
+      traces(label, digest, trace)             per target: what `trace/<label>.json` held, and
+                                               the digest of that JSON (a no-op compares digests)
+
+Rows are a memo, never the only copy of what they say: `ac/` stays the action cache that `cache
+gc`, `cache verify` and remotes read, and a result row is used only like an `ac/` entry is,
+after the build holds its key and the blobs of its tree are verified (a stat each, by stamp).
+A row whose blobs are gone is a miss. A killed build loses only its unflushed rows (SQLite's
+transactions are atomic); concurrent builds write through SQLite's own locking. A cache whose
+state file has another schema version is read as having none (it is rebuilt as builds run).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree
+
+SCHEMA = "1"  # bump on any change of the tables or of the encodings below
+STATE_FILE = f"state-v{SCHEMA}.sqlite"
+INLINE_ENTRIES = 256  # an output tree up to this size is kept in its row (else read from dirs/)
+FLUSH_S = 2.0  # write buffered rows at most this long after the first (a killed build loses less)
+
+
+def encode_tree(tree: Tree) -> bytes:
+    """A tree's entries as compact JSON: [path, digest, size, exec] / [path, link target] / [path]."""
+    rows: list[list[Any]] = []
+    for path, e in tree.entries.items():
+        if isinstance(e, FileEntry):
+            rows.append([path, e.digest, e.size, e.executable])
+        elif isinstance(e, SymlinkEntry):
+            rows.append([path, e.target])
+        else:
+            rows.append([path])
+    return orjson.dumps(rows)
+
+
+def decode_tree(raw: bytes) -> Tree:
+    """The tree encode_tree wrote (its paths were checked when the tree was made)."""
+    entries: dict[str, Any] = {}
+    for row in orjson.loads(raw):
+        n = len(row)
+        entries[row[0]] = FileEntry(row[1], row[2], row[3]) if n == 4 else SymlinkEntry(row[1]) if n == 2 else DirEntry()
+    return Tree.from_checked(entries)
+
+
+class BuildState:
+    """The state file of one cache layout: lookups go to SQLite, writes are buffered and
+    flushed in one transaction (at the latest FLUSH_S after they start, and at close)."""
+
+    def __init__(self, path: Path, create: bool = True):
+        """`create=False`: a reader (explain, why) that makes no file where none is."""
+        self.path = path
+        self.create = create
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()  # action threads file results while the engine plans
+        self._results: dict[str, tuple[str, bytes | None]] = {}
+        self._traces: dict[str, tuple[str, bytes]] = {}
+        self._first_pending: float | None = None
+        self.usable = True
+
+    def _conn(self) -> sqlite3.Connection | None:
+        if self._db is None and self.usable:
+            if not self.create and not self.path.exists():
+                return None
+            try:
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses at most the last commits, never consistency
+                db.execute("CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT)")
+                db.execute("CREATE TABLE IF NOT EXISTS results(key TEXT PRIMARY KEY, result BLOB, tree BLOB)")
+                db.execute("CREATE TABLE IF NOT EXISTS traces(label TEXT PRIMARY KEY, digest TEXT, trace BLOB)")
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA,))
+                (schema,) = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+                if schema != SCHEMA:  # written by another bgraph: not ours to read or write
+                    db.close()
+                    self.usable = False
+                    return None
+            except sqlite3.Error:
+                # An unreadable state file costs speed, never correctness: the per-file
+                # stores (ac/, trace/) still answer.
+                self.usable = False
+                return None
+            self._db = db
+        return self._db
+
+    def _query(self, sql: str, args: tuple) -> Any:
+        db = self._conn()
+        if db is None:
+            return None
+        try:
+            with self._lock:
+                return db.execute(sql, args).fetchone()
+        except sqlite3.Error:
+            return None
+
+    # -- action results --------------------------------------------------------------------
+    def result(self, key: str, digester: Digester) -> tuple[ActionResult, Tree | None] | None:
+        """The result filed under `key` and, for a small output, its tree (its digest known)."""
+        pending = self._results.get(key)
+        row = pending if pending is not None else self._query("SELECT result, tree FROM results WHERE key = ?", (key,))
+        if row is None:
+            return None
+        try:
+            result = ActionResult.from_json(orjson.loads(row[0]))
+            tree = decode_tree(row[1]).know_digest(digester, result.output_tree) if row[1] else None
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+        return result, tree
+
+    def put_result(self, key: str, result: ActionResult, tree: Tree | None) -> None:
+        small = tree is not None and len(tree.entries) <= INLINE_ENTRIES
+        with self._lock:
+            self._results[key] = (orjson.dumps(result.to_json()).decode(), encode_tree(tree) if small else None)
+            self._pending()
+
+    def drop_results(self, keys) -> None:
+        """Forget results (an entry found corrupt, or collected)."""
+        keys = list(keys)
+        with self._lock:
+            for k in keys:
+                self._results.pop(k, None)
+        db = self._conn()
+        if db is None or not keys:
+            return
+        try:
+            with self._lock:
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("DELETE FROM results WHERE key = ?", ((k,) for k in keys))
+                db.execute("COMMIT")
+        except sqlite3.Error:
+            self._rollback(db)
+
+    # -- traces ----------------------------------------------------------------------------
+    def trace_digest(self, label: str) -> str | None:
+        pending = self._traces.get(label)
+        if pending is not None:
+            return pending[0]
+        row = self._query("SELECT digest FROM traces WHERE label = ?", (label,))
+        return row[0] if row else None
+
+    def trace(self, label: str) -> dict[str, Any] | None:
+        """The trace recorded for `label` (None: none in this file)."""
+        pending = self._traces.get(label)
+        row = pending if pending is not None else self._query("SELECT digest, trace FROM traces WHERE label = ?", (label,))
+        if row is None:
+            return None
+        try:
+            value = orjson.loads(row[1])
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def trace_labels(self) -> list[str]:
+        self.flush()
+        db = self._conn()
+        if db is None:
+            return []
+        with self._lock:
+            return sorted(label for (label,) in db.execute("SELECT label FROM traces"))
+
+    def put_trace(self, label: str, digest: str, encoded: bytes) -> None:
+        with self._lock:
+            self._traces[label] = (digest, encoded)
+            self._pending()
+
+    # -- writing -----------------------------------------------------------------------------
+    def _pending(self) -> None:
+        if self._first_pending is None:
+            self._first_pending = time.monotonic()
+
+    def maybe_flush(self) -> None:
+        """Flush if rows have waited FLUSH_S (called between actions by the build loop)."""
+        if self._first_pending is not None and time.monotonic() - self._first_pending > FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows in one transaction."""
+        with self._lock:
+            results, traces = self._results, self._traces
+            if not results and not traces:
+                return
+            self._results, self._traces, self._first_pending = {}, {}, None
+            db = self._conn()
+            if db is None:
+                return
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
+                               ((k, r, t) for k, (r, t) in results.items()))
+                db.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?)",
+                               ((label, d, t) for label, (d, t) in traces.items()))
+                db.execute("COMMIT")
+            except sqlite3.Error:
+                self._rollback(db)  # a full disk or a locked file: the rows are a memo; lose them
+
+    @staticmethod
+    def _rollback(db: sqlite3.Connection) -> None:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def close(self) -> None:
+        self.flush()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
