@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+from fractions import Fraction
 import os
 import re
 import struct
@@ -310,13 +311,64 @@ def _dirs_alike(text: bytes) -> bytes:
     text = _TOOLKIT_INCLUDE.sub(b"TOOLKIT/", text)
     text = re.sub(rb"/usr/aarch64-linux-gnu/include/c\+\+/12/aarch64-linux-gnu/", b"/usr/include/aarch64-linux-gnu/c++/12/", text)
     text = _CROSS_SYSROOT.sub(b"/usr/include/", text)
+    text = text.replace(b"/usr/include/aarch64-linux-gnu/", b"/usr/include/")  # native multiarch headers
+    text = re.sub(rb"tmpxft_[0-9a-f]+_[0-9a-f]+-", b"tmpxft-", text)  # nvcc's temp names (its PID)
     return _GCC_INCLUDE.sub(b"GCCLIB/", text)
+
+
+def ar_members(data: bytes) -> dict[str, bytes]:
+    """Member name -> contents of an ar archive (a static library)."""
+    out, at = {}, 8
+    while at + 60 <= len(data):
+        head = data[at:at + 60]
+        name, size = head[:16].decode().strip().rstrip("/"), int(head[48:58])
+        out[name] = data[at + 60:at + 60 + size]
+        at += 60 + size + (size & 1)
+    return out
+
+
+_LITERAL = re.compile(rb"(\d+\.\d+(?:[eE][-+]?\d+)?)([FL]?)")
+# significand bits and least exponent of float, double and long double (binary128 on aarch64)
+_FORMATS = {b"F": (24, -126), b"": (53, -1022), b"L": (113, -16382)}
+
+
+def _rounded(text: bytes, suffix: bytes) -> tuple[int, int]:
+    """The value a C literal names in its format: (significand, exponent), exactly."""
+    bits, emin = _FORMATS[suffix]
+    x = Fraction(text.decode())
+    if x == 0:
+        return (0, emin)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    e += (Fraction(2) ** (e + 1) <= x) - (Fraction(2) ** e > x)
+    e = max(e, emin)  # subnormals: the least exponent's quantum
+    m = round(x / Fraction(2) ** (e - bits + 1))
+    return (m // 2, e + 1) if m == 1 << bits else (m, e)  # rounded up to the next power of two
+
+
+def literal_values(a: bytes, b: bytes) -> tuple[int, int]:
+    """Of the float literals two texts spell otherwise, line by line: (same value, other value)."""
+    same = other = 0
+    for x, y in zip(a.splitlines(), b.splitlines()):
+        if x == y:
+            continue
+        for (vx, sx), (vy, sy) in zip(_LITERAL.findall(x), _LITERAL.findall(y)):
+            if vx != vy and sx == sy:
+                if _rounded(vx, sx) == _rounded(vy, sy):
+                    same += 1
+                else:
+                    other += 1
+    return same, other
 
 
 def _why(a: bytes, b: bytes) -> str:
     """A short account of how two outputs of one step differ."""
     if a == b:
         return ""
+    if a[:8] == b[:8] == b"!<arch>\n":
+        ma, mb = ar_members(a), ar_members(b)
+        if set(ma) != set(mb):
+            return f"archives of other members: {sorted(ma)} / {sorted(mb)}"
+        return "; ".join(f"{m or '(symbol table)'}: {_why(ma[m], mb[m]) or 'identical'}" for m in sorted(ma))
     if a[:4] == b[:4] == b"\x7fELF":
         sa, sb = elf_sections(a), elf_sections(b)
         differ = sorted(n for n in set(sa) | set(sb) if sa.get(n) != sb.get(n))
@@ -338,10 +390,19 @@ def _why(a: bytes, b: bytes) -> str:
     names = [sorted(os.path.basename(t) for t in x.split() if t != b"\\") for x in (a, b)]
     if a.split(b":", 1)[0] == b.split(b":", 1)[0] and names[0] == names[1]:
         return f"the same {len(names[0]) - 1} files (a depfile), named in other directories"
-    la, lb = a.decode(errors="replace").splitlines(), b.decode(errors="replace").splitlines()
+    floats = re.compile(rb"\d+\.\d+(?:[eE][-+]?\d+)?[FL]?")
+    if floats.sub(b"N", _dirs_alike(a)) == floats.sub(b"N", _dirs_alike(b)):
+        n = sum(x != y for x, y in zip(_dirs_alike(a).splitlines(), _dirs_alike(b).splitlines()))
+        same, other = literal_values(_dirs_alike(a), _dirs_alike(b))
+        return (f"{n} lines spell floating-point literals otherwise (x86_64 cudafe++ with --arm_cross_compiler: "
+                "1.1754944E-38F, 35-digit long doubles; aarch64 cudafe++: 1.175494351e-38F, 34 digits): "
+                f"{same} name the same value, {other} another (1-2 units in the last place of a long double); the rest is "
+                "the same once include directories are named alike")
+    la, lb = _dirs_alike(a).decode(errors="replace").splitlines(), _dirs_alike(b).decode(errors="replace").splitlines()
     changed = [l for l in difflib.unified_diff(la, lb, lineterm="", n=0)
                if l[:1] in "+-" and not l.startswith(("+++", "---"))]
-    return f"{len(changed)} lines differ, e.g. {changed[0][:100]!r} / {changed[-1][:100]!r}"
+    return (f"{len(changed) // 2} lines differ once include directories and temp names are made alike, "
+            f"e.g. {changed[0][:90]!r} / {changed[len(changed) // 2][:90]!r}")
 
 
 def compare(built: dict) -> list[dict]:
