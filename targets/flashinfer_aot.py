@@ -34,6 +34,12 @@ def main() -> None:
     from flashinfer import aot
     from flashinfer.jit import core
 
+    # flashinfer.aot points csrc, include, CUTLASS and spdlog at the source tree but leaves CCCL
+    # at flashinfer/data/cccl, which only a wheel build fills (FlashInfer issue #3159); without
+    # it the toolkit's older CCCL is used, and CUDA 13.0's lacks cuda/__execution/determinism.h
+    # (csrc/cub_topk.cu). The sdist's own 3rdparty/cccl, as the wheel would hold it:
+    cccl = args.src / "3rdparty" / "cccl"
+    core.jit_env.CCCL_INCLUDE_DIRS = [cccl / "cub", cccl / "libcudacxx" / "include", cccl / "thrust"]
     patterns = [p for p in args.modules.split(",") if p]
 
     def write_ninja_files(specs, verbose=False, skip_prebuilt=True):

@@ -15,6 +15,7 @@ mount), so its command runs verbatim, as Ninja would run it.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ STAGE = "/bgraph/stage"
 NVCC = "/bgraph/toolchain/bin/nvcc"
 # Dependency-file options of nvcc's command line: compile_tu writes its own depfiles per step.
 _DEP_FLAGS_WITH_VALUE = ("-o", "-MT", "-MF", "--dependency-output")
+_MAX_FLAT = 200  # of 255 bytes a file name may have: compile_tu adds suffixes such as .devpp.1210.d
 _DEP_FLAGS = ("-MD", "-MMD", "--generate-dependencies-with-compile", "--generate-nonsystem-dependencies-with-compile")
 
 
@@ -93,7 +95,7 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
         nvcc_args = _without(argv[1:], _DEP_FLAGS_WITH_VALUE, _DEP_FLAGS)
         view = SourceView({**s.mounts, STAGE: build_tree.overlaid(inputs)}, narrow=narrow,
                           staged=STAGE, memory_mb=s.memory_mb)
-        flat = re.sub(r"[^A-Za-z0-9_.-]", "_", obj.removeprefix(OUT + "/"))
+        flat = _flat_name(obj.removeprefix(OUT + "/"))
         entry = yield from compile_tu(ctx, name, nvcc_args, flat, view, s.toolchain)
         return Tree({name: entry})
     if is_compile and "-MF" in argv:
@@ -118,6 +120,16 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
         inputs=seen, outputs=edge.outputs, env=s.env, toolchain=s.toolchain, host=s.host,
         memory_mb=s.memory_mb, staged=STAGE)]
     return done.tree
+
+
+def _flat_name(path: str) -> str:
+    """A build path as one file name for compile_tu's object and depfiles: `/` and the like become
+    `_`; a name too long for the file system (FlashInfer's module names run to 200 characters,
+    twice in an object's path) keeps its ends and a hash of the whole."""
+    flat = re.sub(r"[^A-Za-z0-9_.-]", "_", path)
+    if len(flat) <= _MAX_FLAT:
+        return flat
+    return f"{flat[:60]}_{hashlib.sha256(path.encode()).hexdigest()[:16]}_{flat[-100:]}"
 
 
 def _ext(mounts: dict[str, Tree]) -> tuple[str, ...]:

@@ -85,6 +85,9 @@ class PyWheelAttrs(Attrs):
                                                         "Requires-Python lines join METADATA; its Version must match")
     files: dict[str, list[str]] = Field(default_factory=dict,
                                         description="path inside the wheel -> [label, path in that label's output]")
+    dirs: dict[str, str] = Field(default_factory=dict,
+                                 description="directory inside the wheel -> label whose whole output goes there "
+                                             "(e.g. FlashInfer's AOT modules under flashinfer/data/aot)")
     pure: bool = Field(False, description="py3-none-any instead of a platform tag")
     python_tag: str = Field("py3", pattern=r"^(py|cp)\d+$", description="e.g. cp38 (with abi_tag abi3)")
     abi_tag: Literal["none", "abi3"] = Field("none", description="abi3: limited-API extensions (*.abi3.so)")
@@ -107,7 +110,8 @@ class PyWheelAttrs(Attrs):
 
 
 def py_wheel_deps(attrs: PyWheelAttrs):
-    return labels_in(attrs, "libs", "tools", "tree", "audit") + [("files", v[0]) for v in attrs.files.values() if v]
+    return (labels_in(attrs, "libs", "tools", "tree", "audit", "dirs")
+            + [("files", v[0]) for v in attrs.files.values() if v])
 
 
 def py_wheel_transition(attrs: PyWheelAttrs, key: str, label: str, config):
@@ -241,6 +245,14 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         if ref[1] not in out.entries:
             raise ctx.fail(f"{ref[0]} has no output {ref[1]!r}", "files")
         content = content.merged(Tree({dest: out.entries[ref[1]]}))
+    for dest, label in a.dirs.items():
+        out = ctx.dep(label, "dirs").tree
+        if not out.entries:
+            raise ctx.fail(f"{label} has no output files", "dirs")
+        try:
+            content = content.merged(Tree({f"{dest.strip('/')}/{p}": e for p, e in out.entries.items()}))
+        except ValueError as e:
+            raise ctx.fail(f"dirs[{dest!r}]: {e}", "dirs") from None
     _check_abi(ctx, content)
     platform_tag, why = ("any" if a.pure else f"linux_{ctx.platform}"), ""
     libs = Tree({p: e for p, e in content.entries.items() if _shared_library(p)})

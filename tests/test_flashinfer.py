@@ -1,0 +1,122 @@
+"""FlashInfer 0.7.2.post1 with AOT modules (targets/flashinfer.toml), built for real and checked as
+a user would meet it: the wheel installed into a fresh venv, `import flashinfer` with
+FLASHINFER_DISABLE_JIT=1 and an empty read-only JIT workspace, every module under
+flashinfer/data/aot found by FlashInfer's own lookup and loaded (tvm_ffi; the driver stub on the
+library path, no GPU here), FlashInfer's own loader returning the AOT norm module without compiling,
+and cuobjdump showing cubins for the wanted arch only.
+
+Slow: the builds need torch's environment (~12 GB of cache cold). BGRAPH_FLASHINFER_TEST_CACHE
+names a cache to build in (e.g. a warm ~/.cache/bgraph); default: a fresh one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import hermetic_env, workspace_copy
+
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed"),
+              pytest.mark.slow]
+
+# Runs in the fresh venv: which AOT modules FlashInfer finds and loads, with JIT disabled.
+CHECK = r'''
+import json, os, pathlib, sys
+import flashinfer, tvm_ffi
+from flashinfer.jit import env
+from flashinfer.jit.core import MissingJITCacheError
+aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
+found, loaded = {}, []
+for d in sorted(aot.iterdir()):
+    arts = env.get_aot_artifacts(d.name)
+    found[d.name] = str(arts[0].path) if arts else None
+    tvm_ffi.load_module(str(d / f"{d.name}.so"))
+    loaded.append(d.name)
+from flashinfer.jit.norm import gen_norm_module
+norm = gen_norm_module()
+norm.build_and_load()  # FlashInfer's own path: the AOT file, or MissingJITCacheError with JIT disabled
+from flashinfer.jit.activation import gen_act_and_mul_module
+try:
+    gen_act_and_mul_module("not_built_here").build_and_load()
+    missing = "compiled"
+except MissingJITCacheError:
+    missing = "MissingJITCacheError"
+except Exception as e:
+    missing = type(e).__name__
+print(json.dumps({"found": found, "loaded": loaded, "norm": str(norm.aot_path), "missing": missing,
+                  "version": flashinfer.__version__}))
+'''
+
+
+def bgraph(ws: Path, cache: Path, *args: str, timeout: float = 7200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), *args],
+                          capture_output=True, text=True, timeout=timeout, env=hermetic_env(), cwd=ws)
+
+
+def check_wheel(wheel: Path, torch_env: Path, runtime_env: Path, stub: Path, cuobjdump: Path, arch: str,
+                scratch: Path) -> dict:
+    """Install `wheel` into a fresh venv (torch and the runtime wheels through a .pth file) and run
+    CHECK there; also list each module's cubins. Returns CHECK's report plus 'archs'."""
+    env_dir = scratch / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr
+    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                        text=True).strip())
+    (site / "bgraph_deps.pth").write_text(f"{runtime_env}\n{torch_env}\n")
+    jit = scratch / "jit-cache"
+    jit.mkdir()
+    jit.chmod(0o555)
+    libs = [str(p) for p in (torch_env / "nvidia" / "cu13" / "lib", stub) if p.is_dir()]
+    run_env = {**hermetic_env(), "FLASHINFER_DISABLE_JIT": "1", "FLASHINFER_WORKSPACE_BASE": str(jit),
+               "FLASHINFER_CUDA_ARCH_LIST": arch, "LD_LIBRARY_PATH": ":".join(libs), "HOME": str(scratch)}
+    run = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, env=run_env, cwd=scratch)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert list(jit.iterdir()) == [], "the JIT workspace was written"
+    aot = site / "flashinfer" / "data" / "aot"
+    report["archs"] = {}
+    for so in sorted(aot.glob("*/*.so")):
+        listed = subprocess.run([str(cuobjdump), "--list-elf", str(so)], capture_output=True, text=True).stdout
+        report["archs"][so.parent.name] = sorted({w for line in listed.splitlines() for w in line.split(".")
+                                                  if w.startswith("sm_")})
+    return report
+
+
+@pytest.fixture(scope="module")
+def built(module_tmp):
+    """The wheel of //flashinfer:wheel-sm121 and the trees its check needs."""
+    cache = Path(os.environ.get("BGRAPH_FLASHINFER_TEST_CACHE") or module_tmp / "cache")
+    ws = workspace_copy(module_tmp / "ws")
+    labels = ["//flashinfer:wheel-sm121", "//flashinfer:runtime-env", "//vllm:torch-env",
+              "//vllm:cuda-driver-stub", "//toolchains:cuobjdump"]
+    run = bgraph(ws, cache, "build", "--json", "-j", "2", *labels)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = ws / "bgraph-out"
+    [wheel] = (out / "flashinfer" / "wheel-sm121").glob("*.whl")
+    return {"wheel": wheel, "torch_env": out / "vllm" / "torch-env", "runtime_env": out / "flashinfer" / "runtime-env",
+            "stub": out / "vllm" / "cuda-driver-stub", "cuobjdump": out / "toolchains" / "cuobjdump" / "bin" / "cuobjdump",
+            "modules": sorted(p.name for p in (out / "flashinfer" / "aot-sm121").iterdir())}
+
+
+def test_wheel_installs_and_every_aot_module_loads_without_jit(built, tmp_path):
+    report = check_wheel(built["wheel"], built["torch_env"], built["runtime_env"], built["stub"],
+                         built["cuobjdump"], "12.1a", tmp_path)
+    assert report["version"] == "0.7.2.post1"
+    assert sorted(report["loaded"]) == built["modules"] and "norm" in built["modules"]
+    # FlashInfer's own lookup finds each module in the installed package, not in a JIT cache.
+    for name, path in report["found"].items():
+        assert path and path.endswith(f"flashinfer/data/aot/{name}/{name}.so"), (name, path)
+    assert report["norm"].endswith("flashinfer/data/aot/norm/norm.so")
+    assert report["missing"] == "MissingJITCacheError"  # JIT is off: a module not built is an error
+    # Cubins for 12.1a and no other arch, in every module.
+    assert report["archs"] and all(archs == ["sm_121a"] for archs in report["archs"].values()), report["archs"]

@@ -1,0 +1,142 @@
+"""ninja_generator + ninja_import: a small generator (a Python script in the workspace) writes a
+module's sources and a build.ninja with absolute paths, as FlashInfer's AOT generator does
+(nvcc with --generate-dependencies-with-compile, a g++ compile, a link, a `subninja` top file),
+and bgraph builds its edges for real: nvcc per TU and arch (pinned nvcc 13.0, bubblewrap), early
+cutoff, clear errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import WS, copy_toolchains
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+LABEL = "//gen:mod"
+GENERATOR = r'''
+import os, sys
+src, out = os.environ["SRC"], os.environ["OUT"]
+archs = os.environ["ARCHS"].split()
+os.makedirs(f"{out}/generated/mod", exist_ok=True)
+os.makedirs(f"{out}/ops/mod", exist_ok=True)
+# A generated TU that includes a header of the source tree.
+with open(f"{out}/generated/mod/kernel.cu", "w") as f:
+    f.write('#include "scale.h"\n__global__ void k(float* x) { x[threadIdx.x] *= SCALE; }\n'
+            'void launch(float* x) { k<<<1, 32>>>(x); }\n')
+gencode = " ".join(f"-gencode=arch=compute_{a.replace('.', '')},code=sm_{a.replace('.', '')}" for a in archs)
+ninja = f"""ninja_required_version = 1.3
+nvcc = /bgraph/toolchain/bin/nvcc
+cflags = -I{src} -O2 -fPIC
+cuda_cflags = -I{src} --compiler-options=-fPIC {gencode}
+rule compile
+  command = /usr/bin/g++ -MMD -MF $out.d $cflags -c $in -o $out
+  depfile = $out.d
+rule cuda_compile
+  command = $nvcc --generate-dependencies-with-compile -MF $out.d $cuda_cflags -c $in -o $out
+  depfile = $out.d
+rule link
+  command = /usr/bin/g++ $in -shared -o $out
+build {out}/ops/mod/kernel.cuda.o: cuda_compile {out}/generated/mod/kernel.cu
+build {out}/ops/mod/host.o: compile {src}/host.cc
+build {out}/ops/mod/mod.so: link {out}/ops/mod/kernel.cuda.o {out}/ops/mod/host.o
+default {out}/ops/mod/mod.so
+"""
+open(f"{out}/ops/mod/build.ninja", "w").write(ninja)
+open(f"{out}/build.ninja", "w").write(f"subninja {out}/ops/mod/build.ninja\n")
+'''
+TARGET = """\
+[mod]
+kind = "ninja_generator"
+src = ":src"
+srcs = ["gen.py"]
+cmd = "python3 -S $WS/gen.py"
+archs = ["12.0a", "12.1a"]
+arch_env = "ARCHS"
+outputs = ["ops/*/*.so"]
+strip_prefix = "ops"
+toolchain = "//toolchains:cuda-13.0"
+
+[src]
+kind = "genrule"
+srcs = ["proj/*"]
+outs = ["scale.h", "host.cc", "notes.txt"]
+cmd = "cp $SRC/proj/* $OUT/"
+"""
+SOURCES = {"scale.h": "#define SCALE 2.0f\n", "host.cc": "int host_answer() { return 42; }\n",
+           "notes.txt": "not read by any compile\n"}
+COMPILES = ("CudaHostPreprocess", "CudaDevicePreprocess", "CudaFrontend", "CudaCicc", "CudaPtxas",
+            "CudaHostCompile", "NinjaCompile", "NinjaEdge")
+
+
+def new_ws(root: Path, cache: Path, target: str = TARGET) -> WS:
+    copy_toolchains(root)
+    (root / "targets" / "gen.toml").write_text(target)
+    (root / "gen.py").write_text(GENERATOR)
+    (root / "proj").mkdir()
+    for name, text in SOURCES.items():
+        (root / "proj" / name).write_text(text)
+    return WS(root, cache)
+
+
+@pytest.fixture(scope="module")
+def cache(module_tmp):
+    return module_tmp / "ninja-import-cache"
+
+
+@pytest.fixture
+def ws(tmp_path, cache) -> WS:
+    return new_ws(tmp_path / "ws", cache)
+
+
+def ran(summary: dict, mnemonics=COMPILES) -> list[str]:
+    return sorted(a["name"] for a in summary["actions"] if a["status"] == "executed" and a["mnemonic"] in mnemonics)
+
+
+def test_generated_graph_builds_per_tu_and_arch(ws):
+    run = ws.build(LABEL, args=("-j", "2"))
+    assert run.rc == 0, run.output[-3000:]
+    names = {a["name"] for a in run.json["actions"]}
+    assert "generate" in names
+    # The nvcc edge became nvcc's own steps, one cicc/ptxas per arch; the g++ edge and the link ran verbatim.
+    for arch in ("120a", "121a"):
+        assert {f"cicc ops/mod/kernel.cuda.o {arch}", f"ptxas ops/mod/kernel.cuda.o {arch}"} <= names, names
+    assert "compile ops/mod/host.o" in names and "link ops/mod/mod.so" in names
+    lib = ws.root / "bgraph-out" / "gen" / "mod" / "mod" / "mod.so"
+    data = lib.read_bytes()
+    assert data[:4] == b"\x7fELF" and b"host_answer" in data
+    # Another build: nothing runs, the generator included.
+    again = ws.build(LABEL)
+    assert again.json["executed"] == 0, ran(again.json)
+
+
+def test_edits_rerun_only_what_reads_them(ws):
+    assert ws.build(LABEL).rc == 0
+    # A source file no compile reads: the generator runs again (it sees the whole tree), no compile does.
+    (ws.root / "proj" / "notes.txt").write_text("edited\n")
+    run = ws.build(LABEL)
+    assert run.rc == 0, run.output[-3000:]
+    assert ran(run.json) == [], ran(run.json)
+    # A comment in the header the TU includes: it is preprocessed again, and cut off before cicc.
+    (ws.root / "proj" / "scale.h").write_text("// a comment\n#define SCALE 2.0f\n")
+    run = ws.build(LABEL)
+    assert run.rc == 0, run.output[-3000:]
+    redone = ran(run.json)
+    assert any(n.startswith("devpp ops/mod/kernel.cuda.o") for n in redone), redone
+    assert not any(n.startswith(("cicc", "ptxas", "link", "compile ops/mod/host.o")) for n in redone), redone
+
+
+def test_output_glob_matching_nothing_is_one_error_line(tmp_path, cache):
+    ws = new_ws(tmp_path / "ws", cache, TARGET.replace('outputs = ["ops/*/*.so"]', 'outputs = ["ops/*/*.dll"]'))
+    run = ws.build(LABEL)
+    assert run.rc != 0 and "Traceback" not in run.output
+    assert "no build edge produces a path matching 'ops/*/*.dll'" in run.output and "gen.toml" in run.output
+
+
+def test_generator_failure_shows_its_output(tmp_path, cache):
+    ws = new_ws(tmp_path / "ws", cache, TARGET.replace("python3 -S $WS/gen.py", "echo bad flag >&2; exit 3"))
+    run = ws.build(LABEL)
+    assert run.rc != 0 and "Traceback" not in run.output
+    assert "the generator failed" in run.output and "bad flag" in run.output
