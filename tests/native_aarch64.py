@@ -5,9 +5,9 @@ arm64 GCC) with the real keys a Spark would compute; its fetches and unpacks run
 are. What executes aarch64 code (every exec action) runs in the ordinary bubblewrap sandbox
 with the same mounts, under the pinned qemu-aarch64-static (//toolchains:qemu-user) mounted at
 /bgraph/qemu. There is no binfmt_misc here, so a child an emulated program starts would run
-natively and fail: each program is started through qemu explicitly (gcc with `-wrapper QEMU`,
-which starts cc1plus and as through it; the shell of a script step defines its external tools
-as functions that call them through qemu). The results are filed under the native keys in the
+natively and fail: each program is started through qemu explicitly (gcc with `-wrapper`, a
+static x86_64 shim that starts cc1plus and as through qemu; the shell of a script step defines
+its external tools as functions that call them through qemu; nvcc's own gcc is the shim too). The results are filed under the native keys in the
 cache this helper is given (never the user's): a second run is all hits.
 
 The helper knows the steps a cuda_library TU plans (rules/nvcc_compile.py) and the toolchain's
@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from fractions import Fraction
 import os
 import re
 import struct
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 from bgraph_testlib import REPO, hermetic_env, workspace_copy
@@ -51,9 +51,9 @@ archs = "spark"
 copts = ["-std=c++17", "-O2", "-lineinfo"]
 
 # nvcc runs the host compiler itself (its probe of the compiler's macros, even under --dryrun):
-# for the dryrun step, /bgraph/toolchain/bin/gcc (first on the step's PATH, which nvcc writes into
-# its output unchanged) is this static x86_64 program, which starts /usr/bin/gcc through qemu.
-# Built by the pinned x86_64 GCC (//toolchains:host-cc).
+# for the dryrun step, /bgraph/toolchain/bin/gcc (first on the step's PATH, which nvcc copies into
+# its output, so PATH stays as it is) is this static x86_64 program, which starts /usr/bin/gcc
+# through qemu; it is gcc's -wrapper too. Built by the pinned x86_64 GCC (//toolchains:host-cc).
 [qemu-shim]
 kind = "genrule"
 srcs = ["native/qemu_shim.c"]
