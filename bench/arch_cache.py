@@ -645,6 +645,7 @@ def median(xs):
 
 
 def main() -> int:
+    global BUILDERS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=3, help="repeats of the whole sequence (medians reported)")
     ap.add_argument("--tus", type=int, default=6, help="translation units (>= 6)")
@@ -661,7 +662,6 @@ def main() -> int:
                     help="which builders to run (plain and bgraph always; ccache and sccache optional)")
     args = ap.parse_args()
     t_start = time.monotonic()
-    global BUILDERS
     BUILDERS = [b for b in BUILDERS if b in {"plain", "bgraph", *args.builders.split(",")}]
 
     ccache, sccache, bgraph = ensure_tools()
