@@ -4,7 +4,7 @@ target that depends on all of them; the same graph as a build.ninja. Measured si
 the cold build and the no-op build (at N <= --cold-max), planning all N actions against a cache
 that holds only the genrules' shell toolchain (`bgraph build --dry-run`: N sources stored, N keys
 computed and looked up; nothing runs) with its peak RSS, `bgraph query` of the whole graph and
-`bgraph why` of one target and file (after the cold build); Ninja's cold and no-op builds beside.
+`bgraph why` from the top target to one genrule (after the cold build); Ninja's cold and no-op builds beside.
 
 --bgraph-path DIR runs the bgraph found there (a snapshot of one commit: `git archive REV | tar -x
 -C DIR`) instead of the installed one, so edits to the checkout during a run cannot mix versions.
@@ -98,7 +98,7 @@ def main() -> None:
                                 for _ in range(3))
             row["noop_rss_mib"] = timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root,
                                         rss=True)[1]
-            row["why_s"] = min(timed([*bgraph, "--cache-dir", str(cache), "why", "//many:g0", "src/f0.txt"], root)
+            row["why_s"] = min(timed([*bgraph, "--cache-dir", str(cache), "why", "//many:all-of-them", "//many:g0"], root)
                                for _ in range(3))
         ninja = shutil.which("ninja")
         if ninja:
