@@ -15,6 +15,8 @@ baselines cache hits).
       dead; our 0002/0003 break the build (GCC 12, offline configure).
   (c) our own patches on //wheels:vllm-sm121: patches/vllm/0001 live everywhere as legacy 0001,
       0002/0003 break the build. The 0001 variant builds all of vLLM for 12.0f (about an hour).
+  (s) as (b), (d) as (c), on the smoke targets (the configure and the three FP4 quantization TUs):
+      every hunk, the CCCL patch and the shim included, at the cost of those TUs only.
 
 For each part: every hunk's verdict, TUs and archs, and the audit's cost (variant builds, actions
 executed, CPU and wall time), as JSON (--json-out) and as Markdown tables for BENCHMARKS.md.
@@ -42,6 +44,10 @@ PARTS = {
     "a": [("//vllm:smoke-fp4-sm121-legacy", [E2M1]), ("//vllm:smoke-fp4-sm12x-legacy", [E2M1])],
     "b": [("//wheels:vllm-sm121-legacy", [])],
     "c": [("//wheels:vllm-sm121", [])],
+    # (b) and (c) restricted to what the FP4 quantization TUs see: every hunk of the legacy set (the
+    # CCCL patch and the shim included) and of our own patches, on the smoke targets; an hour or so.
+    "s": [("//vllm:smoke-fp4-sm121-legacy", [])],
+    "d": [("//vllm:smoke-fp4-sm121", [])],
 }
 
 

@@ -271,3 +271,23 @@ def test_audit_of_the_legacy_vllm_wheel_agrees_with_domain(ws):
     run = ws.cli("audit", "--json", "//vllm:smoke-fp4-sm12x-legacy", "--only", e2m1, timeout=86400)
     assert run.rc == 0, run.output
     assert [u["verdict"] for p in run.json["patches"] for u in p["units"]] == ["dead"] * 4
+
+
+def test_a_dependency_the_unit_removes_is_not_a_change_by_itself(tmp_path):
+    """Leaving out an `add include` drops the added tree's target from the build: its own actions
+    exist in one build only, which alone must not make the unit live (the FP4 shim came out live
+    on vLLM's FP4 TUs although no TU changed); a TU that compiles differently still does."""
+    from build_graph.audit import Comparer, Snapshot, verdict
+    from build_graph.store.cas import LocalCas
+    from build_graph.model import Digester
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    compile_ = ("//t:lib", "cicc k/a.cu.o 121a")
+    base = Snapshot(True, [], {("//toolchains:fp4-shim", "genrule"): ("Genrule", "d1"), compile_: ("CudaCicc", "p1")},
+                    {})
+    same = Snapshot(True, [], {compile_: ("CudaCicc", "p1")}, {})
+    changes, files = Comparer(cas).compare(base, same, {"//toolchains:cccl-patched"})
+    assert changes == [] and verdict(changes, files) == "dead"
+    other = Snapshot(True, [], {compile_: ("CudaCicc", "p2")}, {})
+    changes, files = Comparer(cas).compare(base, other, {"//toolchains:cccl-patched"})
+    assert [c["label"] for c in changes] == ["//t:lib"] and verdict(changes, files) == "live"
