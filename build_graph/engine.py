@@ -4,7 +4,6 @@ scheduler, store results, record reasons in the trace, and tell the reporter."""
 from __future__ import annotations
 
 import errno
-import os
 import random
 import time
 from collections import deque
@@ -125,8 +124,9 @@ class Engine:
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         self.remote = None
         if self.options.remote is not None and self.options.remote.url:
-            self.ac = self.remote = _layered(self.ac, self.cas, self.digester, self.options.remote,
-                                             warn or (lambda message: None))
+            from build_graph.store.layered import configured
+            self.ac = self.remote = configured(self.ac, self.cas, self.digester, self.options.remote,
+                                               warn or (lambda message: None))
         # One state file holds the traces and a memo of results (store/state.py); a remote
         # cache that backfills sees every local hit, so with one the memo is not consulted.
         self.state = BuildState(self.cas.base / STATE_FILE)
@@ -224,17 +224,6 @@ class Engine:
             self.cas.add_root(link)
             links[str(label)] = link
         return links
-
-
-def _layered(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn):
-    """The action cache with the configured remote behind the local one."""
-    from build_graph.store.layered import LayeredActionCache
-    from build_graph.store.remote import open_remote
-    from build_graph.store.signing import Signer, Trust
-
-    signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
-    return LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
-                              upload=settings.upload, signer=signer, trust=Trust(settings.trusted_keys), warn=warn)
 
 
 @dataclass

@@ -283,3 +283,15 @@ class LayeredActionCache:
     def _unavailable(self, e: RemoteUnavailable) -> None:
         self.warn_once("unavailable", f"remote cache {self.remote.url} unavailable ({e}); "
                                       "building locally")
+
+
+def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn) -> LayeredActionCache:
+    """The action cache with the remote that `settings` (a workspace RemoteSection) names behind the local one."""
+    import os
+    from pathlib import Path
+
+    from build_graph.store.remote import open_remote
+
+    signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
+    return LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
+                              upload=settings.upload, signer=signer, trust=Trust(settings.trusted_keys), warn=warn)
