@@ -572,6 +572,18 @@ def test_dry_run_lists_what_would_run_and_runs_nothing(make_ws):
     assert statuses(real.json) == {"//p:a": "executed", "//p:b": "executed"}
 
 
+@requires_bwrap
+def test_dry_run_keeps_no_plan_of_a_target_that_waits(make_ws):
+    """A dry run of 100,000 targets held every waiting target's plan (2 GiB); it drops them."""
+    from build_graph.engine import _BuildRun
+    from build_graph.labels import parse_label
+    ws = make_ws(CUTOFF)
+    run = _BuildRun(ws.engine(dry_run=True), [parse_label("//p:b")])
+    result = run.run()
+    assert [str(t) for t in result.unplanned] == ["//p:a", "//p:b"] and result.count("would-run") == 1
+    assert not run.targets
+
+
 def test_explain_groups_a_big_targets_steps_by_translation_unit():
     """A target with many actions is explained per TU: the change that started it (a header a
     preprocessing step read), then the steps its outputs set off; cut-off steps are counted."""
