@@ -123,3 +123,12 @@ def test_concurrent_builds_share_the_state_file(make_ws):
     again = ws.build("//p:b", *(f"//q:t{i}" for i in range(6)))
     assert again.rc == 0 and again.json["executed"] == 0
     assert set(statuses(again.json).values()) == {"hit"}
+
+
+def test_a_trace_kept_apart_is_recorded_where_no_directory_was(tmp_path):
+    """A named build variant keeps its trace under <cache>/.../variants/<hash>/ (variants.py),
+    a directory its first build makes."""
+    from build_graph.store.trace import Trace
+    apart = tmp_path / "v1" / "blake3" / "variants" / "abc"
+    Trace(apart, tmp_path).save("//p:a", {"actions": {"x": 1}})
+    assert Trace(apart, tmp_path).load("//p:a") == {"actions": {"x": 1}}

@@ -76,6 +76,7 @@ class BuildState:
             if not self.create and not self.path.exists():
                 return None
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)  # a named variant's own directory
                 db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses at most the last commits, never consistency

@@ -25,7 +25,7 @@ class Trace:
     def __init__(self, base: Path, tmp: Path, state: BuildState | None = None):
         self.root = base / "trace"  # the per-file traces of an older cache (read only)
         self.tmp = tmp
-        self.state = state or BuildState(base / STATE_FILE, create=base.is_dir())
+        self.state = state or BuildState(base / STATE_FILE)
         self._owned = state is None
 
     def _path(self, label: str) -> Path:
