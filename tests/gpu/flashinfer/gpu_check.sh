@@ -1,0 +1,23 @@
+#!/bin/bash
+# On the lent H200: FlashInfer's own unit tests against //flashinfer:wheel-sm90, JIT off.
+set -o pipefail
+W=$PWD/.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $W/apache_tvm_ffi-*.whl $W/flashinfer_python-*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export FLASHINFER_DISABLE_JIT=1 FLASHINFER_WORKSPACE_BASE=/tmp/jit-empty FLASHINFER_JIT_CACHE_REPORT_FILE=$OUT/missing.json
+mkdir -p /tmp/jit-empty && chmod 555 /tmp/jit-empty
+nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+python3 - <<'PY' 2>&1 | tee $OUT/load.txt
+import pathlib, flashinfer, tvm_ffi
+from flashinfer.jit import env
+aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
+print("flashinfer", flashinfer.__version__, flashinfer.__file__)
+for d in sorted(aot.iterdir()):
+    arts = env.get_aot_artifacts(d.name)
+    tvm_ffi.load_module(str(d / f"{d.name}.so"))
+    print("loaded", d.name, "found" if arts and str(arts[0].path).startswith(str(aot)) else "NOT FOUND")
+PY
+cd $W/fitests
+timeout ${PYTEST_LIMIT:-420} python3 run_ids.py ids.txt -q -rs -p no:cacheprovider -n 8 --junitxml=$OUT/junit.xml 2>&1 | tee $OUT/pytest.log | tail -n 60
+echo "jit dir after: $(ls -A /tmp/jit-empty | wc -l) entries"
+for so in /tmp/site/flashinfer/data/aot/*/*.so; do echo "$(basename $so): $(cuobjdump --list-elf $so | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')"; done | tee $OUT/archs.txt
