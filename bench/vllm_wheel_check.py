@@ -75,6 +75,16 @@ def cubin_archs(cuobjdump: Path, lib: Path) -> list[str]:
 
 
 EM_AARCH64 = 183  # ELF e_machine
+NEOVERSE_N1 = """processor\t: {n}
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+
+"""
 PROBE = (
     "import json, torch, vllm, sys\n"
     "for lib in sys.argv[1:]: torch.ops.load_library(lib)\n"
@@ -89,7 +99,9 @@ def check_aarch64(args, work: Path) -> tuple[dict, list[Path], Path]:
         out = sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json", *argv])
         return {k: Path(v) for k, v in json.loads(out)["outputs"].items()}
 
-    host = build("//toolchains:qemu-user", "//toolchains:cuobjdump")
+    # //toolchains:auditwheel's pure-Python tree brings the pinned `packaging`, the one module
+    # beside torch that `import vllm` needs (vllm.utils.torch_version).
+    host = build("//toolchains:qemu-user", "//toolchains:cuobjdump", "//toolchains:auditwheel")
     target = build("--platform", "aarch64", args.wheel_label, "//vllm:torch-env", "//toolchains:target-python",
                    "//vllm:cuda-driver-stub")
     [wheel] = list(target[f"{args.wheel_label} (aarch64)"].glob("*.whl"))
@@ -124,9 +136,17 @@ def check_aarch64(args, work: Path) -> tuple[dict, list[Path], Path]:
                               if "WARNING" in line or "RECORD" in line]
     libs = sorted((site / "vllm").glob("*.so"))
     report["libraries"] = [lib.name for lib in libs]
-    env.update(PYTHONPATH=f"{site}:{torch_env}", LD_LIBRARY_PATH=str(driver))
+    # qemu 7.2's user mode passes the host's x86 /proc/cpuinfo through; torch's cpuinfo library
+    # parses it the ARM way, finds no core and crashes at `import torch` (NULL dereference). An
+    # aarch64 one (two Neoverse-N1 cores, the CPU qemu is told to be; 7.2 has no Neoverse-V2, the
+    # Grace core) is bound over it in a bubblewrap namespace.
+    cpuinfo = work / "cpuinfo"
+    cpuinfo.write_text("".join(NEOVERSE_N1.format(n=n) for n in range(2)))
+    env.update(PYTHONPATH=f"{site}:{torch_env}:{host['//toolchains:auditwheel']}", LD_LIBRARY_PATH=str(driver),
+               QEMU_CPU="neoverse-n1")
     started = time.monotonic()
-    loaded = json.loads(sh([*python, "-c", PROBE, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
+    emulated = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", cpuinfo, "/proc/cpuinfo", *python]
+    loaded = json.loads(sh([*emulated, "-c", PROBE, *[lib for lib in libs if lib.name.startswith("_")]], env=env,
                            cwd=work).strip().splitlines()[-1])
     report["emulated_import_s"] = round(time.monotonic() - started, 1)
     report["platform"] = "aarch64 (qemu-aarch64-static)"
