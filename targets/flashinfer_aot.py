@@ -2,13 +2,16 @@
 build step replaced by writing each module's build.ninja (and sources) and one top build.ninja of
 `subninja` lines. bgraph imports that graph (rules/ninja_generator.py); nothing here compiles.
 
-    python3 flashinfer_aot.py --src ROOT [--modules GLOB,GLOB] [--manifest FILE] -- AOT_ARGS...
+    python3 flashinfer_aot.py --src ROOT [--modules GLOB,GLOB] [--extra FUNC,FUNC] [--manifest FILE] -- AOT_ARGS...
 
 ROOT is the FlashInfer source tree (its `flashinfer` package is imported from there without
 running `flashinfer/__init__.py`, which imports the whole runtime); AOT_ARGS are
 `python -m flashinfer.aot`'s own flags (`--build-dir` is where the ninja files go). --modules
 keeps the modules whose names match one of the globs (default: all); --manifest writes every
-module FlashInfer's enumeration gave, with its source count and whether it was kept.
+module FlashInfer's enumeration gave, with its source count and whether it was kept. --extra adds
+modules the enumeration does not offer for this arch list, by generator function (e.g.
+gen_fp4_quantization_sm120f_module: on SM121 with CUDA >= 12.9 FlashInfer's FP4 quantization asks for
+fp4_quantization_120f, which the enumeration offers only when the list holds 12.0f).
 """
 
 import argparse
@@ -24,6 +27,8 @@ def main() -> None:
     own.add_argument("--src", required=True, type=Path)
     own.add_argument("--modules", default="*")
     own.add_argument("--manifest", type=Path)
+    own.add_argument("--extra", default="", help="generator functions of flashinfer.aot (comma-separated) "
+                                                 "whose modules join the enumeration's, kept whatever --modules says")
     args, aot_args = own.parse_known_args()
     if aot_args[:1] == ["--"]:
         aot_args = aot_args[1:]
@@ -43,7 +48,14 @@ def main() -> None:
     patterns = [p for p in args.modules.split(",") if p]
 
     def write_ninja_files(specs, verbose=False, skip_prebuilt=True):
-        kept = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+        extra = []
+        for name in (n for n in args.extra.split(",") if n):
+            if not callable(getattr(aot, name, None)):
+                sys.exit(f"flashinfer_aot: flashinfer.aot has no generator function {name}")
+            extra.append(getattr(aot, name)())
+        specs = list(specs) + [e for e in extra if e.name not in {s.name for s in specs}]
+        kept = [s for s in specs if any(fnmatch.fnmatchcase(s.name, p) for p in patterns)
+                or s.name in {e.name for e in extra}]
         missing = [p for p in patterns if not any(fnmatch.fnmatchcase(s.name, p) for s in specs)]
         if missing:
             sys.exit(f"flashinfer_aot: no module matches {', '.join(missing)} "
