@@ -174,3 +174,21 @@ cmd = {json.dumps(stub["cmd"])}
     tk = Path(out["//xstub:tk (aarch64)"])
     assert (tk / "targets/aarch64-linux/lib/libcudart_static.a").is_file()
     assert int.from_bytes((tk / "lib/libcudart.so.13").read_bytes()[18:20], "little") == EM_AARCH64
+
+
+@pytest.mark.slow  # the whole aarch64 vLLM wheel (about 50 CPU-minutes on a fresh cache) and torch under qemu
+def test_the_sparks_vllm_wheel_installs_imports_and_loads_under_qemu():
+    """bench/vllm_wheel_check.py --platform aarch64 on //wheels:vllm-sm121 (an aarch64 wheel from
+    any host): pip under qemu installs it with no warning, `import vllm` beside the aarch64 torch,
+    both extension libraries load, scaled_fp4_quant is registered, every ELF file is AArch64, the
+    cubins are sm_121a and no sm_120a."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "vllm_wheel_check.py"
+    run = subprocess.run([sys.executable, str(script), "--platform", "aarch64"], capture_output=True, text=True,
+                         timeout=4 * 3600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["ok"] and report["all_elf_aarch64"] and not report["pip_warnings"]
+    assert re.fullmatch(r"vllm-0\.33\.0-cp38-abi3-manylinux_2_\d+_aarch64\.whl", report["wheel"])
+    assert report["scaled_fp4_quant"] and report["vllm"] == "0.33.0"
+    archs = set().union(*report["cubin_archs"].values())
+    assert "sm_121a" in archs and "sm_120a" not in archs
