@@ -140,3 +140,15 @@ def test_generator_failure_shows_its_output(tmp_path, cache):
     run = ws.build(LABEL)
     assert run.rc != 0 and "Traceback" not in run.output
     assert "the generator failed" in run.output and "bad flag" in run.output
+
+
+def test_a_cross_build_is_refused_in_one_line(tmp_path, cache):
+    """For another CPU the generator would run the target's packages on this machine (FlashInfer's
+    imports the aarch64 torch): refused when planned, naming the target, never run."""
+    from build_graph.workspace import host_platform
+    ws = new_ws(tmp_path / "ws", cache)
+    other = "aarch64" if host_platform() == "x86_64" else "x86_64"
+    run = ws.cli("build", "--json", "--platform", other, LABEL, timeout=900)
+    assert run.rc != 0 and "Traceback" not in run.output, run.output[-3000:]
+    assert f"a ninja_generator cannot build for {other} on " in run.output and "gen.toml" in run.output
+    assert not [a for a in run.json["actions"] if a["mnemonic"] == "NinjaGenerate"]

@@ -84,6 +84,12 @@ def _ninja(tree: Tree) -> str:
 
 def plan_ninja_generator(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
+    if ctx.platform != ctx.exec_platform:
+        # The generator runs on this machine with the target's trees mounted (FlashInfer's imports
+        # the target's torch): for another CPU it would fail inside the action, or worse.
+        raise ctx.fail(f"a ninja_generator cannot build for {ctx.platform} on {ctx.exec_platform} yet: its "
+                       "generator would run the target platform's packages here",
+                       hint=f"build it on a {ctx.platform} machine, or for this one (--platform {ctx.exec_platform})")
     source = ctx.dep(a.src, "src").tree
     toolchain, host = ctx.dep(a.toolchain, "toolchain"), ctx.dep(a.host, "host")
     ninja_tree = ctx.dep(a.ninja, "ninja").tree
