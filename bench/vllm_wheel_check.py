@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from vllm_own import bench_workspace  # noqa: E402  (a copy of the workspace: no bgraph-out/ in the checkout)
+from vllm_own import bgraph_outputs  # noqa: E402  (builds in a copy of the workspace: no bgraph-out/ in the checkout)
 
 
 def sh(argv, **kw) -> str:
@@ -95,14 +95,10 @@ PROBE = (
 
 def check_aarch64(args, work: Path) -> tuple[dict, list[Path], Path]:
     """Install and load the aarch64 wheel under qemu; return the report, the libraries, cuobjdump."""
-    def build(*argv: str) -> dict[str, Path]:
-        out = sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json", *argv])
-        return {k: Path(v) for k, v in json.loads(out)["outputs"].items()}
-
     # //toolchains:auditwheel's pure-Python tree brings the pinned `packaging`, the one module
     # beside torch that `import vllm` needs (vllm.utils.torch_version).
-    host = build("//toolchains:qemu-user", "//toolchains:cuobjdump", "//toolchains:auditwheel")
-    target = build("--platform", "aarch64", args.wheel_label, "//vllm:torch-env", "//toolchains:target-python",
+    host = bgraph_outputs("//toolchains:qemu-user", "//toolchains:cuobjdump", "//toolchains:auditwheel")
+    target = bgraph_outputs("--platform", "aarch64", args.wheel_label, "//vllm:torch-env", "//toolchains:target-python",
                    "//vllm:cuda-driver-stub")
     [wheel] = list(target[f"{args.wheel_label} (aarch64)"].glob("*.whl"))
     report = {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
@@ -167,11 +163,9 @@ def main() -> None:
     if args.platform == "aarch64":
         report, libs, cuobjdump = check_aarch64(args, work)
         return finish(args, report, libs, cuobjdump)
-    out = json.loads(sh([sys.executable, "-m", "build_graph", "-C", bench_workspace(), "build", "--json",
-                         "--platform", "x86_64", args.wheel_label, "//toolchains:cuobjdump"]))
-    wheel_dir = Path(out["outputs"][args.wheel_label])
-    [wheel] = list(wheel_dir.glob("*.whl"))
-    cuobjdump = Path(out["outputs"]["//toolchains:cuobjdump"]) / "bin" / "cuobjdump"
+    out = bgraph_outputs("--platform", "x86_64", args.wheel_label, "//toolchains:cuobjdump")
+    [wheel] = list(out[args.wheel_label].glob("*.whl"))
+    cuobjdump = out["//toolchains:cuobjdump"] / "bin" / "cuobjdump"
     report = {"wheel": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
               "size_mb": round(wheel.stat().st_size / 2**20, 1)}
 

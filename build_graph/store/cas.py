@@ -52,6 +52,26 @@ class CorruptBlob(StoreError):
     """A blob on disk does not match its digest; it has been removed."""
 
 
+def stat_stamp(st: os.stat_result) -> list[int]:
+    """The stamp a blob hashed good is trusted by while it holds: size, mtime, ctime, inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def restamp_linked(stamps: JsonTable, blob: Path) -> None:
+    """Making or removing a hard link of a blob moves its ctime, part of its stamp: where the
+    stamp recorded still holds but for ctime (size, mtime and inode the same), take the new
+    ctime, else the next build re-hashes the blob."""
+    old = stamps.table.get(blob.name)
+    if old is None:
+        return
+    try:
+        st = os.stat(blob)
+    except FileNotFoundError:
+        return
+    if [st.st_size, st.st_mtime_ns, st.st_ino] == [old[0], old[1], old[3]] and st.st_ctime_ns != old[2]:
+        stamps.set(blob.name, stat_stamp(st))
+
+
 def hash_file(path: str | os.PathLike, digester: Digester) -> str:
     """The digest of a file's bytes, read in chunks."""
     h = digester.new()
@@ -288,7 +308,7 @@ class LocalCas:
         except FileNotFoundError:
             return
         if p.name in self._stamps.table:  # it was verified a moment ago; keep that
-            self._stamps.set(p.name, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+            self._stamps.set(p.name, stat_stamp(st))
         self._refreshed.add(digest)
 
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
@@ -388,7 +408,7 @@ class LocalCas:
             for copy, name, st in copies:
                 if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
-                stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+                stamp = stat_stamp(st)
                 if self._stamps.table.get(name) == stamp:
                     continue
                 if hash_file(copy, self.digester) != entry.digest:
@@ -558,15 +578,7 @@ class LocalCas:
         take the new ctime where size, mtime and inode still match, else the next build would
         re-hash every blob this one linked."""
         for p in blobs:
-            old = self._stamps.table.get(p.name)
-            if old is None:
-                continue
-            try:
-                st = os.stat(p)
-            except FileNotFoundError:
-                continue
-            if [st.st_size, st.st_mtime_ns, st.st_ino] == [old[0], old[1], old[3]] and st.st_ctime_ns != old[2]:
-                self._stamps.set(p.name, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+            restamp_linked(self._stamps, p)
 
     def add_root(self, link: Path) -> None:
         """Make the tree `link` points at a gc root while the link stays (like a Nix result
