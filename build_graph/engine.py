@@ -4,7 +4,9 @@ scheduler, store results, record reasons in the trace, and tell the reporter."""
 from __future__ import annotations
 
 import errno
+import os
 import random
+import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -218,9 +220,12 @@ class Engine:
             path = self.cas.materialize(tree)
             link = out_dir / label.out_path()
             link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(path)
+            # A new link renamed over the old one: two builds linking the same target at once
+            # (or a reader) never find it missing, where unlink-then-symlink raced (FileExistsError).
+            fresh = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}")
+            fresh.unlink(missing_ok=True)
+            fresh.symlink_to(path)
+            os.replace(fresh, link)
             self.cas.add_root(link)
             links[str(label)] = link
         return links
