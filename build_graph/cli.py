@@ -41,12 +41,18 @@ def _workspace(args) -> Workspace:
 
 
 def cmd_build(args, console: Console) -> int:
+    from build_graph import noop
+
+    asked = noop.request(args)
+    if asked is not None and noop.answer(*asked, console):  # before the heavy imports: a no-op needs none
+        return 0
     from build_graph.engine import BuildOptions, Engine
     from build_graph.errors import PlanError
     from build_graph.profile import writable_profile_path
     from build_graph.report import RichReporter, print_summary
     from build_graph.workspace import host_platform, remote_settings
 
+    recording = noop.Recording(*asked, skip=_flag_cache(args)) if asked is not None else None
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()
@@ -89,7 +95,10 @@ def cmd_build(args, console: Console) -> int:
     if compared is not None:
         summary["compared_with_other_cache"] = compared
     if not result.failures and not options.dry_run:
-        summary["outputs"] = {k: str(v) for k, v in engine.link_outputs(result, ws.root / "bgraph-out").items()}
+        links = engine.link_outputs(result, ws.root / "bgraph-out")
+        summary["outputs"] = {k: str(v) for k, v in links.items()}
+        if recording is not None:
+            recording.finish(cache, summary, links, engine.probed_host_tools())
     if result.profile is not None:
         result.profile.write(profile_path)
     for err in result.failures:
@@ -120,6 +129,13 @@ def cmd_build(args, console: Console) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _flag_cache(args) -> tuple[str, ...]:
+    """The cache directory chosen without reading WORKSPACE.toml (flag, environment), which the
+    workspace scan leaves out; one named in WORKSPACE.toml is left out after loading it."""
+    chosen = args.cache_dir or os.environ.get("BGRAPH_CACHE")
+    return (str(Path(os.path.expanduser(chosen)).resolve()),) if chosen else ()
+
+
 def _other_cache(ws: Workspace, text: str) -> Path:
     """--check-against's directory, checked before the build: it must hold a bgraph cache of
     this workspace's digest function (a mistyped path is an error, and nothing is made there)."""
@@ -144,7 +160,33 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def _answered(command: str, args, parts: dict, compute) -> int:
+    """Run `compute` (a command whose answer is a function of the workspace alone, printed on
+    stdout), unless its record still holds: then print the recorded answer (see noop.py)."""
+    import contextlib
+    import io
+
+    from build_graph import noop
+
+    asked = noop.answer_request(args, command, parts)
+    replayed = noop.replay(*asked)
+    if replayed is not None:
+        sys.stdout.write(replayed[0])
+        return replayed[1]
+    recording = noop.Recording(*asked)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = compute()
+    sys.stdout.write(buffer.getvalue())
+    recording.remember(buffer.getvalue(), code)
+    return code
+
+
 def cmd_query(args, console: Console) -> int:
+    return _answered("query", args, {"expr": args.expr, "output": args.output}, lambda: _query(args))
+
+
+def _query(args) -> int:
     from build_graph.graph import Query, build_graph
     from build_graph.report import render_labels
 
@@ -156,12 +198,16 @@ def cmd_query(args, console: Console) -> int:
 
 
 def cmd_why(args, console: Console) -> int:
+    if not args.dest.startswith("//"):  # a patch or a file: down to the actions of the last build that read it
+        return _why_file(args, _workspace(args))
+    return _answered("why", args, {"source": args.source, "dest": args.dest}, lambda: _why_labels(args))
+
+
+def _why_labels(args) -> int:
     from build_graph.graph import allpaths, build_graph
     from build_graph.report import paths_tree
 
     ws = _workspace(args)
-    if not args.dest.startswith("//"):  # a patch or a file: down to the actions that read it
-        return _why_file(args, ws)
     g = build_graph(ws)
     a, b = (parse_label(x) for x in (args.source, args.dest))
     for lab in (a, b):
@@ -377,6 +423,7 @@ def _human(n: int) -> str:
 def cmd_cache(args, console: Console) -> int:
     from build_graph.model import Digester
     from build_graph.store import upkeep
+    from build_graph.store.uptodate import bump_generation
 
     if args.action == "keygen":
         from build_graph.store.signing import generate_key
@@ -400,6 +447,8 @@ def cmd_cache(args, console: Console) -> int:
     out = _stdout()
     if args.action == "gc":
         r = upkeep.collect(layout, digester, args.max_size)
+        if r.entries_removed or r.blobs_removed or r.nodes_removed or r.trees_removed:
+            bump_generation(layout)
         out.print(f"removed {r.entries_removed} action-cache entries, {r.blobs_removed} blobs, "
                   f"{r.nodes_removed} directory nodes and {r.trees_removed} materialized trees; "
                   f"blobs {_human(r.bytes_before)} -> {_human(r.bytes_after)}; kept {r.entries_kept} entries"
@@ -407,6 +456,8 @@ def cmd_cache(args, console: Console) -> int:
                      if r.running_builds else ""), highlight=False)
         return 0
     r = upkeep.verify(layout, digester, repair=args.repair)
+    if r.repaired and not r.clean:
+        bump_generation(layout)
     out.print(f"checked {r.blobs_checked} blobs, {r.nodes_checked} directory nodes, "
               f"{r.entries_checked} action-cache entries, {r.trees_checked} materialized trees", highlight=False)
     for what, items in (("corrupt blob", r.corrupt_blobs), ("corrupt directory node", r.corrupt_nodes),

@@ -156,6 +156,10 @@ class Engine:
             self._host_cache[tools] = probe_host_tools(tools, self.digester, self.host_probes)
         return self._host_cache[tools]
 
+    def probed_host_tools(self) -> list[str]:
+        """The host binaries this engine's builds identified (host_tools targets)."""
+        return sorted({p for tools in self._host_cache for p in tools})
+
     def execute(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
         """Run one action on the runner its kind needs (a sandboxed one leaves its process's
         start and end in `stamps`)."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from build_graph.errors import LoadError, where
 from build_graph.labels import Label, parse_label, unknown_label
+from build_graph.roots import find_root, user_config_path  # noqa: F401  (re-exported)
 
 PLATFORMS = ("x86_64", "aarch64")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -270,14 +271,6 @@ def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:
         raise LoadError(f"malformed TOML: {e}", where=rel) from None
 
 
-def find_root(start: Path) -> Path:
-    """The nearest directory at or above `start` holding WORKSPACE.toml."""
-    for d in [start, *start.parents]:
-        if (d / "WORKSPACE.toml").is_file():
-            return d
-    raise LoadError("no WORKSPACE.toml here or in any parent directory", where=str(start))
-
-
 def package_of(rel: Path) -> str:
     """targets/toolchains.toml -> toolchains; targets/a/b.toml -> a/b."""
     return rel.relative_to("targets").with_suffix("").as_posix()
@@ -385,15 +378,6 @@ class UserConfig(Strict):
     """~/.config/bgraph/config.toml: settings of this user and machine, over the workspace's."""
 
     remote: dict[str, Any] = Field(default_factory=dict, description="overrides of WORKSPACE.toml [remote]")
-
-
-def user_config_path() -> Path:
-    """$BGRAPH_CONFIG, else $XDG_CONFIG_HOME/bgraph/config.toml, else ~/.config/bgraph/config.toml."""
-    explicit = os.environ.get("BGRAPH_CONFIG")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return Path(base) / "bgraph" / "config.toml"
 
 
 def remote_settings(ws: Workspace, overrides: dict[str, Any]) -> RemoteSection:

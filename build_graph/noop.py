@@ -1,0 +1,120 @@
+"""`bgraph build`'s no-op check (store/uptodate.py): an unchanged request is answered from its
+record before the workspace is loaded; a successful build writes the record."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from build_graph.roots import find_root, user_config_path
+from build_graph.store import uptodate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# Flags that ask a build for more than its outputs: each of these takes the full path.
+_FULL_PATH_FLAGS = ("dry_run", "check", "check_sample", "check_against", "json", "profile", "remote_upload")
+# The environment that chooses the cache, the config file or the host's platform.
+_ENV = ("BGRAPH_CACHE", "BGRAPH_CONFIG", "XDG_CONFIG_HOME", "HOME")
+
+
+def request(args) -> tuple[Path, str] | None:
+    """The workspace root and the record's name for this build, or None where the build must
+    take the full path whatever changed (a dry run, --check, --json, --profile, uploads)."""
+    if any(getattr(args, flag, None) for flag in _FULL_PATH_FLAGS):
+        return None
+    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
+    parts = {
+        "root": str(root), "cwd": os.getcwd(), "targets": args.targets, "platform": args.platform,
+        "host_platform": args.host_platform, "machine": platform.machine(), "cache_dir": args.cache_dir,
+        "remote": [args.remote_cache, args.remote_signing_key, args.remote_trusted_key],
+        "env": {k: os.environ.get(k) for k in _ENV},
+    }
+    return root, uptodate.request_digest(parts)
+
+
+def answer(root: Path, digest: str, console: Console) -> bool:
+    """If the last successful build of this request still holds, say so as a build would and
+    return True; else False (the caller builds)."""
+    start = time.monotonic()
+    record = uptodate.load(root, digest)
+    if record is None or not uptodate.holds(record):
+        return False
+    from rich.markup import escape
+
+    s = record.summary
+    console.print(f"[green]OK[/]: executed 0, cache hits {s['actions']}, cut off 0, failed 0, "
+                  f"wall {time.monotonic() - start:.2f}s (up to date: no input changed since the last build)",
+                  highlight=False)
+    for label, link in s["outputs"].items():
+        console.print(f"[dim]{escape(label)}:[/] {escape(os.path.relpath(link))}", highlight=False)
+    return True
+
+
+class Recording:
+    """Scans the workspace before a command; after it succeeded, writes the record if the
+    workspace did not change while it ran."""
+
+    def __init__(self, root: Path, digest: str, skip: tuple[str, ...] = ()):
+        self.root, self.digest = root, digest
+        self.started_ns = time.time_ns()
+        try:
+            self.before: dict[str, Any] | None = uptodate.scan(root, skip)
+        except (OSError, uptodate.Unrecordable):
+            self.before = None  # nothing will be recorded: every run takes the full path
+
+    def finish(self, cache: Path, summary: dict[str, Any], links: dict[str, Path], host_tools: list[str]) -> None:
+        """Record a successful build (or drop the old record if this one cannot be recorded)."""
+        if not summary["ok"]:
+            uptodate.forget(self.root, self.digest)
+            return
+        link_targets = {str(link): os.readlink(link) for link in links.values()}
+        self._save(cache, [str(uptodate.generation_path(cache / "v1")), *host_tools,
+                           *(os.path.realpath(p) for p in host_tools)],
+                   link_targets, {"actions": summary["executed"] + summary["hits"] + summary["cut_off"],
+                                  "outputs": {label: str(link) for label, link in links.items()}})
+
+    def remember(self, text: str, code: int) -> None:
+        """Record the answer of a command that reads only the workspace (query, why)."""
+        self._save(None, [], {}, {"text": text, "code": code})
+
+    def _save(self, cache: Path | None, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any]) -> None:
+        uptodate.forget(self.root, self.digest)
+        if self.before is None:
+            return
+        inside = cache is not None and Path(os.path.realpath(cache)).is_relative_to(self.root)
+        skip = [os.path.realpath(cache)] if inside else []
+        before = {p: s for p, s in self.before.items() if not (self.root / p).is_relative_to(skip[0])} \
+            if skip else self.before
+        try:
+            after = uptodate.scan(self.root, tuple(skip))
+        except (OSError, uptodate.Unrecordable):
+            return
+        if after != before or uptodate.racy(after, self.started_ns):
+            return  # edited while it ran, or too recently to trust a stamp: the next run checks
+        extra_paths = [*uptodate.code_files(), str(user_config_path()), *extra_paths]
+        record = uptodate.Record(
+            root=str(self.root), skip=skip, files=after,
+            extra={p: uptodate.stamp_of(p) for p in extra_paths},
+            links=links, outputs=uptodate.output_stamps(links), summary=summary)
+        try:
+            uptodate.save(self.root, self.digest, record)
+        except OSError:
+            pass  # a read-only bgraph-out costs the next run its speed, nothing else
+
+
+def answer_request(args, command: str, parts: dict[str, Any]) -> tuple[Path, str]:
+    """The root and record name of a command whose answer is a function of the workspace alone."""
+    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
+    return root, uptodate.request_digest({"command": command, "root": str(root), "cwd": os.getcwd(), **parts})
+
+
+def replay(root: Path, digest: str) -> tuple[str, int] | None:
+    """The recorded answer (its text and exit code), if nothing it was computed from changed."""
+    record = uptodate.load(root, digest)
+    if record is None or "text" not in record.summary or not uptodate.holds(record):
+        return None
+    return record.summary["text"], record.summary["code"]

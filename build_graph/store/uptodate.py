@@ -1,0 +1,216 @@
+"""The no-op record: a build that would change nothing is answered from one file, without loading
+the workspace, planning or computing a key (Ninja's `.ninja_log` idea, taken one step further).
+
+After a successful build of a request (the targets as typed, and every flag or environment
+variable that chooses what is built, where it is cached and how it is configured), bgraph writes
+`bgraph-out/.uptodate/<request digest>.json` holding the stat stamp (size, mtime, inode) of:
+
+- every file under the workspace root, except `bgraph-out/`, `.git/`, `__pycache__/` and the
+  cache directory (when it lies inside the root): the target files, the sources, the patches,
+  the locks, whatever a target globs; a file added or removed changes the set;
+- bgraph's own code, the user's config file, the host binaries the build probed;
+- the cache's generation file, which `cache gc` and `cache verify --repair` rewrite whenever they
+  remove something (so after either, the next build checks every action again);
+- each requested target's `bgraph-out` link (where it points) and the files it points to.
+
+The next build of the same request compares those stamps; if every one holds, nothing the build
+reads has changed and its outputs are where it left them, so the build is a no-op and says so.
+Anything else (one stamp, a missing or unreadable record, another bgraph) takes the full path,
+which checks every action as before: the record can only skip work, never change a result.
+
+Why it is exact: a build's outputs are a function of its inputs, and every input comes from the
+files above (the workspace and bgraph's code), from pins fixed by sha256, or from the cache,
+which is content-addressed. Two races are closed: a file edited while the build ran (the root is
+scanned before and after the build; a record is written only if both scans agree), and a file
+edited twice within one tick of the file system's clock (a file whose mtime is within RACY_S of
+the scan is "racily clean", as git calls it: no record is written, so the next build checks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as stat_mod
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+RECORD_DIR = ".uptodate"  # under bgraph-out/
+FORMAT = 1
+RACY_S = 2.0  # a file modified this close to the scan may change again without changing its stamp
+SKIPPED_NAMES = frozenset({".git", "__pycache__"})
+
+Stamp = list  # [size, mtime_ns, inode]
+
+
+def request_digest(parts: dict[str, Any]) -> str:
+    """The record's name: a digest of what chooses the build (targets, flags, environment)."""
+    return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _stamp(st: os.stat_result) -> Stamp:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def stamp_of(path: str | Path) -> Stamp | None:
+    """A file's stamp, following links; None where there is no file."""
+    try:
+        return _stamp(os.stat(path))
+    except OSError:
+        return None
+
+
+class Unrecordable(Exception):
+    """The workspace holds something whose changes a stamp scan cannot see (a link to a directory)."""
+
+
+def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
+    """Every file under `root` (relative path -> stamp), but bgraph-out/, .git/, __pycache__/
+    and the directories in `skip` (absolute paths). A link is followed to its file; a link to
+    a directory raises Unrecordable (what changes behind it would go unseen)."""
+    skipped = {str(root / "bgraph-out"), *skip}
+    files: dict[str, Stamp] = {}
+    prefix = len(str(root)) + 1
+    stack = [str(root)]
+    while stack:
+        top = stack.pop()
+        with os.scandir(top) as it:
+            for entry in it:
+                if entry.name in SKIPPED_NAMES or entry.path in skipped:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    continue
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:  # a dangling link: its target may appear later
+                    files[entry.path[prefix:]] = [-1, 0, 0]
+                    continue
+                if stat_mod.S_ISDIR(st.st_mode):
+                    raise Unrecordable(f"{entry.path} links to a directory")
+                files[entry.path[prefix:]] = _stamp(st)
+    return files
+
+
+def code_files() -> list[str]:
+    """bgraph's own source files: a change to any of them may change what a build does."""
+    base = Path(__file__).resolve().parents[1]
+    return sorted(str(p) for p in base.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+@dataclass
+class Record:
+    """What one successful build of a request saw, and what it left."""
+
+    root: str
+    skip: list[str]  # absolute directories the scan leaves out (the cache, when inside the root)
+    files: dict[str, Stamp]  # the workspace scan
+    extra: dict[str, Stamp | None]  # absolute path -> stamp: code, config, host tools, the cache's generation
+    links: dict[str, str]  # requested target -> its bgraph-out link's target
+    outputs: dict[str, Stamp]  # absolute path -> stamp, for every file under those link targets
+    summary: dict[str, Any] = field(default_factory=dict)  # counts and the link of each label, as printed
+    python: str = sys.version
+    format: int = FORMAT
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Record | None:
+        try:
+            raw = orjson.loads(data)
+            if raw.get("format") != FORMAT:
+                return None
+            return cls(**raw)
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            return None
+
+
+def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
+    """The stamp of every file the outputs' links lead to."""
+    stamps: dict[str, Stamp] = {}
+    for target in links.values():
+        if not os.path.isdir(target):
+            stamps[target] = stamp_of(target)
+            continue
+        for dirpath, _dirs, names in os.walk(target):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                stamps[path] = stamp_of(path)
+    return stamps
+
+
+def record_path(root: Path, digest: str) -> Path:
+    return root / "bgraph-out" / RECORD_DIR / f"{digest}.json"
+
+
+def load(root: Path, digest: str) -> Record | None:
+    """The record of the last successful build of this request, if any (a damaged one is none)."""
+    try:
+        data = record_path(root, digest).read_bytes()
+    except OSError:
+        return None
+    return Record.from_bytes(data)
+
+
+def holds(record: Record) -> bool:
+    """Whether nothing the recorded build read has changed and its outputs are still in place."""
+    if record.python != sys.version:
+        return False
+    if any(stamp_of(p) != s for p, s in record.extra.items()):
+        return False
+    if sorted(record.extra) != sorted(set(code_files()) | set(record.extra)):  # a code file was added
+        return False
+    for link, target in record.links.items():
+        try:
+            if os.readlink(link) != target:
+                return False
+        except OSError:
+            return False
+    if any(stamp_of(p) != s for p, s in record.outputs.items()):
+        return False
+    try:
+        return scan(Path(record.root), tuple(record.skip)) == record.files
+    except (OSError, Unrecordable):
+        return False
+
+
+def racy(files: dict[str, Stamp], scanned_at_ns: int) -> str | None:
+    """A file modified within RACY_S before the scan (it may change again unseen), if any."""
+    limit = scanned_at_ns - int(RACY_S * 1e9)
+    return next((p for p, s in files.items() if s[1] > limit), None)
+
+
+def save(root: Path, digest: str, record: Record) -> None:
+    """Write the record atomically (a concurrent build of the same request writes the same)."""
+    path = record_path(root, digest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+    tmp.write_bytes(record.to_bytes())
+    os.replace(tmp, path)
+
+
+def generation_path(layout_root: Path) -> Path:
+    """<cache>/v1/generation: rewritten whenever `cache gc` or `cache verify --repair` removes something."""
+    return layout_root / "generation"
+
+
+def bump_generation(layout_root: Path) -> None:
+    """The cache lost something: every no-op record of it stops holding (their next build checks
+    each action again)."""
+    path = generation_path(layout_root)
+    tmp = path.with_name(f".generation.{os.getpid()}.{time.monotonic_ns()}")
+    tmp.write_text(f"{time.time_ns()}\n")
+    os.replace(tmp, path)
+
+
+def forget(root: Path, digest: str) -> None:
+    """Drop the record (a build of this request failed or changed something)."""
+    try:
+        record_path(root, digest).unlink()
+    except OSError:
+        pass

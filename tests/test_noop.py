@@ -1,0 +1,140 @@
+"""The no-op record (noop.py, store/uptodate.py): an unchanged request is answered without
+loading the workspace, and every change that could alter a build's result takes the full path."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from bgraph_testlib import requires_bwrap
+from build_graph import noop
+from build_graph.store import uptodate
+
+pytestmark = requires_bwrap
+
+FILES = {
+    "in.txt": "alpha\nbeta\n",
+    "srcs/x.txt": "x\n",
+    "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["a.txt"]\n'
+                      'cmd = "cat $SRC/in.txt $SRC/in.txt > $OUT/a.txt"\n\n'
+                      '[b]\nkind = "genrule"\nouts = ["b.txt"]\ndeps = { a = ":a" }\n'
+                      'cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"\n\n'
+                      '[g]\nkind = "genrule"\nsrcs = ["srcs/*.txt"]\nouts = ["n.txt"]\n'
+                      'cmd = "ls $SRC/srcs | wc -l > $OUT/n.txt"\n',
+}
+UP_TO_DATE = "up to date: no input changed"
+
+
+def age(root: Path, seconds: float = 30) -> None:
+    """Date every file back, as an edit made a while before the build would be: a file written
+    within RACY_S of a build is never trusted by its stamp (the test would only see full paths)."""
+    past = time.time() - seconds
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            os.utime(os.path.join(dirpath, name), (past, past), follow_symlinks=False)
+
+
+def build(ws, *targets: str):
+    run = ws.cli("build", *targets)
+    assert run.rc == 0, run.output
+    return run
+
+
+def ready(make_ws, *targets: str):
+    """A workspace built once (full path, record written) and aged."""
+    ws = make_ws(FILES)
+    age(ws.root)
+    first = build(ws, *targets)
+    assert UP_TO_DATE not in first.stderr and "executed" in first.stderr
+    return ws
+
+
+def test_an_unchanged_build_is_answered_from_the_record(make_ws):
+    ws = ready(make_ws, "//p:b")
+    again = build(ws, "//p:b")
+    assert UP_TO_DATE in again.stderr and "executed 0, cache hits" in again.stderr
+    assert ws.read_output("//p:b", "b.txt").strip() == "4"
+    # Another request (another target) has its own record: the first time, it takes the full path.
+    assert UP_TO_DATE not in build(ws, "//p:a").stderr
+
+
+def test_an_edited_source_rebuilds_and_is_seen(make_ws):
+    ws = ready(make_ws, "//p:b")
+    ws.write({"in.txt": "one\n"})
+    age(ws.root, 20)  # a different stamp, old enough to record
+    run = build(ws, "//p:b")
+    assert UP_TO_DATE not in run.stderr and "executed 2" in run.stderr  # :a ran, :b ran (1 line -> 2)
+    assert ws.read_output("//p:b", "b.txt").strip() == "2"
+    assert UP_TO_DATE in build(ws, "//p:b").stderr
+
+
+def test_an_added_file_a_glob_reads_rebuilds(make_ws):
+    ws = ready(make_ws, "//p:g")
+    ws.write({"srcs/y.txt": "y\n"})
+    age(ws.root, 20)
+    assert UP_TO_DATE not in build(ws, "//p:g").stderr
+    assert ws.read_output("//p:g", "n.txt").strip() == "2"
+
+
+def test_an_edited_target_file_rebuilds(make_ws):
+    ws = ready(make_ws, "//p:a")
+    toml = (ws.root / "targets/p.toml").read_text().replace("$SRC/in.txt $SRC/in.txt", "$SRC/in.txt")
+    ws.write({"targets/p.toml": toml})
+    age(ws.root, 20)
+    assert "executed 1" in build(ws, "//p:a").stderr
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n"
+
+
+def test_a_removed_output_link_or_collected_cache_takes_the_full_path(make_ws):
+    ws = ready(make_ws, "//p:b")
+    (ws.root / "bgraph-out/p/b").unlink()
+    assert UP_TO_DATE not in build(ws, "//p:b").stderr
+    assert ws.read_output("//p:b", "b.txt").strip() == "4"
+    assert UP_TO_DATE in build(ws, "//p:b").stderr
+    # `cache gc` that removes something (here: :a's output, which no root holds) invalidates every record.
+    gc = ws.cli("cache", "gc")
+    assert gc.rc == 0 and "removed 0 action-cache entries, 0 blobs" not in gc.stdout, gc.output
+    assert UP_TO_DATE not in build(ws, "//p:b").stderr
+
+
+def test_a_file_written_just_before_the_build_is_not_trusted_by_its_stamp(make_ws):
+    ws = make_ws(FILES)  # written now: within RACY_S of the build
+    build(ws, "//p:a")
+    assert UP_TO_DATE not in build(ws, "//p:a").stderr
+
+
+def test_an_edit_while_the_build_runs_leaves_no_record(tmp_path):
+    (tmp_path / "WORKSPACE.toml").write_text("")
+    (tmp_path / "f.txt").write_text("1")
+    age(tmp_path)
+    recording = noop.Recording(tmp_path, "d" * 32)
+    (tmp_path / "f.txt").write_text("2")  # after the scan, before the build read it (or after)
+    age(tmp_path, 10)
+    recording.remember("answer\n", 0)
+    assert uptodate.load(tmp_path, "d" * 32) is None
+    recording = noop.Recording(tmp_path, "d" * 32)
+    recording.remember("answer\n", 0)
+    assert noop.replay(tmp_path, "d" * 32) == ("answer\n", 0)
+
+
+def test_a_link_to_a_directory_is_never_recorded(make_ws, tmp_path):
+    ws = make_ws(FILES)
+    (tmp_path / "elsewhere").mkdir()
+    (ws.root / "srcs" / "more").symlink_to(tmp_path / "elsewhere")  # what changes there would go unseen
+    age(ws.root)
+    build(ws, "//p:a")
+    assert UP_TO_DATE not in build(ws, "//p:a").stderr
+
+
+def test_a_query_answer_is_replayed_until_a_target_file_changes(make_ws):
+    ws = make_ws(FILES)
+    age(ws.root)
+    first = ws.cli("query", "deps(//p:b)")
+    assert first.rc == 0 and "//p:a" in first.stdout
+    assert len(list((ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.json"))) == 1
+    assert ws.cli("query", "deps(//p:b)").stdout == first.stdout
+    ws.write({"targets/p.toml": (ws.root / "targets/p.toml").read_text().replace('deps = { a = ":a" }', "")})
+    age(ws.root, 20)
+    second = ws.cli("query", "deps(//p:b)")
+    assert second.rc == 0 and "//p:a" not in second.stdout
