@@ -173,24 +173,24 @@ def _answered(command: str, args, parts: dict, compute) -> int:
     if replayed is not None:
         sys.stdout.write(replayed[0])
         return replayed[1]
-    recording = noop.Recording(*asked)
+    recording = noop.Recording(*asked, skip=_flag_cache(args))
+    ws = _workspace(args)
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = compute()
+        code = compute(ws)
     sys.stdout.write(buffer.getvalue())
-    recording.remember(buffer.getvalue(), code)
+    recording.remember(buffer.getvalue(), code, cache_dir(ws, args.cache_dir))
     return code
 
 
 def cmd_query(args, console: Console) -> int:
-    return _answered("query", args, {"expr": args.expr, "output": args.output}, lambda: _query(args))
+    return _answered("query", args, {"expr": args.expr, "output": args.output}, lambda ws: _query(ws, args))
 
 
-def _query(args) -> int:
+def _query(ws: Workspace, args) -> int:
     from build_graph.graph import Query, build_graph
     from build_graph.report import render_labels
 
-    ws = _workspace(args)
     g = build_graph(ws)
     labels, edges = Query(ws, g).run(args.expr)
     render_labels(labels, edges, args.output, _stdout(), {l: g.nodes[l]["kind"] for l in labels})
@@ -200,14 +200,13 @@ def _query(args) -> int:
 def cmd_why(args, console: Console) -> int:
     if not args.dest.startswith("//"):  # a patch or a file: down to the actions of the last build that read it
         return _why_file(args, _workspace(args))
-    return _answered("why", args, {"source": args.source, "dest": args.dest}, lambda: _why_labels(args))
+    return _answered("why", args, {"source": args.source, "dest": args.dest}, lambda ws: _why_labels(ws, args))
 
 
-def _why_labels(args) -> int:
+def _why_labels(ws: Workspace, args) -> int:
     from build_graph.graph import allpaths, build_graph
     from build_graph.report import paths_tree
 
-    ws = _workspace(args)
     g = build_graph(ws)
     a, b = (parse_label(x) for x in (args.source, args.dest))
     for lab in (a, b):

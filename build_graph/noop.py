@@ -59,7 +59,7 @@ class Recording:
     workspace did not change while it ran."""
 
     def __init__(self, root: Path, digest: str, skip: tuple[str, ...] = ()):
-        self.root, self.digest = root, digest
+        self.root, self.digest, self.skip = root, digest, skip
         self.started_ns = time.time_ns()
         try:
             self.before: dict[str, Any] | None = uptodate.scan(root, skip)
@@ -77,18 +77,18 @@ class Recording:
                    link_targets, {"actions": summary["executed"] + summary["hits"] + summary["cut_off"],
                                   "outputs": {label: str(link) for label, link in links.items()}})
 
-    def remember(self, text: str, code: int) -> None:
+    def remember(self, text: str, code: int, cache: Path) -> None:
         """Record the answer of a command that reads only the workspace (query, why)."""
-        self._save(None, [], {}, {"text": text, "code": code})
+        self._save(cache, [], {}, {"text": text, "code": code})
 
-    def _save(self, cache: Path | None, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any]) -> None:
+    def _save(self, cache: Path, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any]) -> None:
         uptodate.forget(self.root, self.digest)
         if self.before is None:
             return
-        inside = cache is not None and Path(os.path.realpath(cache)).is_relative_to(self.root)
-        skip = [os.path.realpath(cache)] if inside else []
-        before = {p: s for p, s in self.before.items() if not (self.root / p).is_relative_to(skip[0])} \
-            if skip else self.before
+        cache_path = os.path.realpath(cache)
+        skip = sorted({*self.skip, cache_path} if Path(cache_path).is_relative_to(self.root) else set(self.skip))
+        inside = tuple(os.path.relpath(d, self.root) + "/" for d in skip if Path(d).is_relative_to(self.root))
+        before = {p: s for p, s in self.before.items() if not p.startswith(inside)} if inside else self.before
         try:
             after = uptodate.scan(self.root, tuple(skip))
         except (OSError, uptodate.Unrecordable):

@@ -111,10 +111,10 @@ def test_an_edit_while_the_build_runs_leaves_no_record(tmp_path):
     recording = noop.Recording(tmp_path, "d" * 32)
     (tmp_path / "f.txt").write_text("2")  # after the scan, before the build read it (or after)
     age(tmp_path, 10)
-    recording.remember("answer\n", 0)
+    recording.remember("answer\n", 0, tmp_path / "cache")
     assert uptodate.load(tmp_path, "d" * 32) is None
     recording = noop.Recording(tmp_path, "d" * 32)
-    recording.remember("answer\n", 0)
+    recording.remember("answer\n", 0, tmp_path / "cache")
     assert noop.replay(tmp_path, "d" * 32) == ("answer\n", 0)
 
 
@@ -138,3 +138,15 @@ def test_a_query_answer_is_replayed_until_a_target_file_changes(make_ws):
     age(ws.root, 20)
     second = ws.cli("query", "deps(//p:b)")
     assert second.rc == 0 and "//p:a" not in second.stdout
+
+
+def test_a_why_answer_is_recorded_with_the_cache_inside_the_workspace(make_ws, tmp_path):
+    ws = make_ws(FILES, cache=tmp_path / "ws-in" / "cache", name="ws-in")
+    age(ws.root)
+    build(ws, "//p:b")  # fills the cache, inside the root: the scan must leave it out
+    first = ws.cli("why", "//p:b", "//p:a")
+    assert first.rc == 0 and "//p:a" in first.stdout
+    records = list((ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.json"))
+    assert len(records) == 2  # the build's and the why's
+    assert all("cache/" not in p for r in records for p in uptodate.Record.from_bytes(r.read_bytes()).files)
+    assert ws.cli("why", "//p:b", "//p:a").stdout == first.stdout
