@@ -8,11 +8,15 @@ baselines cache hits).
       Expected (DOMAIN.md): its three function hunks live for 121a only, in the FP4 TUs; the
       helper hunk breaks the 121a build (the others call it); all four dead for 120f.
   (b) the whole legacy wheel, //wheels:vllm-sm121-legacy: every hunk of patches/vllm/0002-0003,
-      patches/legacy-dgx/vllm/*, the CCCL patch and the FP4 shim. Hours on 2 cores: each CCCL hunk
-      and the shim change the toolkit, so each of those variants recompiles every TU (about an hour
-      each). Expected: CUDA_SUPPORTED_ARCHS (legacy 0001) live everywhere (121a device code only
-      with it, 120f only without); the arch-list hunks (legacy 0002), the CCCL hunks and the shim
-      dead; our 0002/0003 break the build (GCC 12, offline configure).
+      patches/legacy-dgx/vllm/*, the CCCL patch and the FP4 shim. Each CCCL hunk and the shim change
+      the toolkit: with the audit's cutoff (build_graph/audit_cutoff.py) such a variant re-runs the
+      configure and every TU's preprocessing, and takes the compile steps from the baseline (before
+      it, every TU recompiled: about an hour each on 2 cores). Legacy 0001 builds every TU for 12.0f
+      (about an hour: no baseline step has the same work). Expected: CUDA_SUPPORTED_ARCHS (legacy
+      0001) live everywhere (121a device code only with it, 120f only without); the arch-list hunks
+      (legacy 0002), the CCCL hunks and the shim dead; our 0002/0003 break the build (GCC 12,
+      offline configure).
+  (e) as (b) without legacy 0001: every other unit, the toolkit ones included.
   (c) our own patches on //wheels:vllm-sm121: patches/vllm/0001 live everywhere as legacy 0001,
       0002/0003 break the build. The 0001 variant builds all of vLLM for 12.0f (about an hour).
   (s) as (b), (d) as (c), on the smoke targets (the configure and the three FP4 quantization TUs):
@@ -44,6 +48,9 @@ PARTS = {
     "a": [("//vllm:smoke-fp4-sm121-legacy", [E2M1]), ("//vllm:smoke-fp4-sm12x-legacy", [E2M1])],
     "b": [("//wheels:vllm-sm121-legacy", [])],
     "c": [("//wheels:vllm-sm121", [])],
+    "e": [("//wheels:vllm-sm121-legacy", ["patches/legacy-dgx/cccl/*", "//toolchains:cccl-patched add include",
+                                           "patches/legacy-dgx/vllm/0002*", "patches/legacy-dgx/vllm/0003*",
+                                           "patches/vllm/*"])],
     # (b) and (c) restricted to what the FP4 quantization TUs see: every hunk of the legacy set (the
     # CCCL patch and the shim included) and of our own patches, on the smoke targets; an hour or so.
     "s": [("//vllm:smoke-fp4-sm121-legacy", [])],
@@ -75,9 +82,11 @@ def table(label: str, wall: float, report: dict) -> list[str]:
     c, b = report["cost"], report["baseline"]
     lines = [f"### `bgraph audit {label}`", "",
              f"{report['hunks']} hunks; baseline {b['executed']} actions executed ({b['wall_s']} s); "
-             f"{c['builds']} variant builds, {c['executed']} actions executed, {c['cpu_s']} CPU-s, "
+             f"{c['builds']} variant builds, {c['executed']} actions executed, "
+             f"{c.get('substituted', 0)} compile steps taken from the baseline, {c['cpu_s']} CPU-s, "
              f"{wall / 60:.1f} min wall", "",
-             "| hunk | file | verdict | archs | TUs | actions executed | wall |", "|---|---|---|---|---|---|---|"]
+             "| hunk | file | verdict | archs | TUs | actions executed | taken from baseline | samples agree | CPU | wall |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for p in report["patches"]:
         for u in p["units"]:
             archs = ", ".join(u["archs"]) or ""
@@ -85,8 +94,11 @@ def table(label: str, wall: float, report: dict) -> list[str]:
                 archs += f" (only with: {', '.join(u['archs_only_with'])}; only without: {', '.join(u['archs_only_without'])})"
             tus = f"{len(u['tus'])}: " + ", ".join(t.rsplit("/", 1)[-1] for t in u["tus"][:3]) if u["tus"] else ""
             cost = u.get("cost") or {}
+            samples = cost.get("samples") or []
+            agree = f"{sum(x['same'] for x in samples)}/{len(samples)}" if samples else ""
             lines.append(f"| `{u['id']}` | {u['file']} | {u['verdict']} | {archs} | {tus} | "
-                         f"{cost.get('executed', '')} | {cost.get('wall_s', '')} s |")
+                         f"{cost.get('executed', '')} | {cost.get('substituted', '')} | {agree} | "
+                         f"{cost.get('cpu_s', '')} s | {cost.get('wall_s', '')} s |")
     return lines + [""]
 
 
@@ -94,7 +106,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", default="HEAD")
     p.add_argument("--cache", default=os.environ.get("BGRAPH_CACHE", "~/.cache/bgraph"))
-    p.add_argument("--parts", default="a", help="which parts to run: a, b, c (comma-separated; default a)")
+    p.add_argument("--parts", default="a", help="which parts to run: a, b, c, d, e, s (comma-separated; default a)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
     p.add_argument("--only", action="append", default=[], help="passed to every audit (fnmatch on hunk ids)")
     p.add_argument("--json-out", help="write every report and its wall time here")

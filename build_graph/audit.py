@@ -8,6 +8,10 @@ reaches. The variant's build and the ordinary one (the baseline) are then compar
 action (same target, same action name): each action's output tree, and for a preprocessing
 step whether its text differs in code or only in line positions (line markers, blank lines).
 A `add`ed tree of a patched_tree (a header shim) is audited the same way, left out whole.
+A hunk in the toolkit (a CCCL header, the shim) changes the key of every step that uses the
+toolkit; audit_cutoff.py takes the steps after preprocessing from the baseline where they would
+do its work again, so such a hunk costs the preprocessing it reaches (plus one checked sample of
+each step kind), not a rebuild of every TU.
 
 Per hunk:
 - "breaks the build": LABEL fails without it (when LABEL fails with every hunk: builds without it);
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from build_graph import patches as patchlib
+from build_graph.audit_cutoff import Cutoff, Recorder, run_samples
 from build_graph.engine import BuildOptions, BuildResult, Engine, NullReporter
 from build_graph.errors import UsageError
 from build_graph.graph import dependency_map, deps_in_order
@@ -149,15 +154,22 @@ class Snapshot:
     hits: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    steps: dict[str, int] = field(default_factory=dict)  # mnemonic -> actions executed
+    substituted: int = 0  # steps taken from the baseline (audit_cutoff.py)
+    samples: list[dict] = field(default_factory=list)  # the cutoff's check: one step of each kind run
 
     def cost(self) -> dict[str, Any]:
         return {"executed": self.executed, "hits": self.hits, "wall_s": round(self.wall_s, 1),
-                "cpu_s": round(self.cpu_s, 1)}
+                "cpu_s": round(self.cpu_s, 1), "steps": dict(sorted(self.steps.items())),
+                "substituted": self.substituted, "samples": self.samples}
 
 
 def snapshot(engine: Engine, result: BuildResult, labels: list[Label], extra: list[Label] = ()) -> Snapshot:
     actions = {}
+    steps: dict[str, int] = {}
     for r in result.records:
+        if r.status == "executed":
+            steps[r.mnemonic] = steps.get(r.mnemonic, 0) + 1
         if r.status in ("executed", "hit", "cutoff"):
             cached = engine.ac.get(r.key)
             actions[(r.label, r.name)] = (r.mnemonic, cached.output_tree if cached else None)
@@ -168,8 +180,10 @@ def snapshot(engine: Engine, result: BuildResult, labels: list[Label], extra: li
         except KeyError:
             pass
     summary = result.summary()
+    cutoff = engine.rebuilder if isinstance(engine.rebuilder, Cutoff) else None
     return Snapshot(not result.failures, [e.render() for e in result.failures], actions, outputs, trees,
-                    summary["executed"], summary["hits"] + summary["cut_off"], result.wall_s, summary["cpu_s"])
+                    summary["executed"], summary["hits"] + summary["cut_off"], result.wall_s, summary["cpu_s"],
+                    steps, len(cutoff.substituted) if cutoff else 0)
 
 
 # -- comparing two builds ----------------------------------------------------------------
@@ -194,6 +208,17 @@ class Comparer:
 
     def __init__(self, cas):
         self.cas = cas
+        self._moved: dict[tuple[str, str], bool] = {}
+
+    def moved_only(self, a: FileEntry, b: FileEntry) -> bool:
+        """Whether two preprocessed files differ only in line positions (memoized)."""
+        pair = (a.digest, b.digest)
+        if pair not in self._moved:
+            try:
+                self._moved[pair] = code_lines(self.cas.read_bytes(a)) == code_lines(self.cas.read_bytes(b))
+            except Exception:  # evicted meanwhile: not known to be the same
+                self._moved[pair] = False
+        return self._moved[pair]
 
     def _tree(self, digest: str | None) -> Tree | None:
         try:
@@ -212,7 +237,7 @@ class Comparer:
                 continue
             if not (isinstance(ea, FileEntry) and isinstance(eb, FileEntry) and path.endswith((".ii", ".i"))):
                 return False
-            if code_lines(self.cas.read_bytes(ea)) != code_lines(self.cas.read_bytes(eb)):
+            if not self.moved_only(ea, eb):
                 return False
         return True
 
@@ -390,6 +415,7 @@ class AuditOptions:
     jobs: int = 2
     max_mem_mb: int = 4096
     only: list[str] = field(default_factory=list)
+    cutoff: bool = True  # take unchanged compile steps from the baseline (audit_cutoff.py)
 
 
 class Audit:
@@ -403,12 +429,26 @@ class Audit:
         self.progress = progress or (lambda line: None)
         self.reporter = reporter or NullReporter
         self.builds: list[Snapshot] = []
+        self._recorder: Recorder | None = None
+        self._comparer: Comparer | None = None
 
     def _build(self, variant: Variant | None, labels: list[Label], keep_going: bool) -> Snapshot:
         opts = BuildOptions(jobs=self.options.jobs, max_mem_mb=self.options.max_mem_mb, keep_going=keep_going)
         engine = Engine(self.ws, self.cache_dir, opts, self.reporter(), variant=variant)
+        if self._recorder is not None and self._comparer is not None:
+            engine.rebuilder = Cutoff(engine.rebuilder, engine.digester, self._recorder.outcomes,
+                                      self._comparer.moved_only)
         try:
             snap = snapshot(engine, engine.build(labels), labels)
+            if isinstance(engine.rebuilder, Cutoff) and snap.ok:
+                start = time.monotonic()
+                snap.samples = run_samples(engine, engine.rebuilder)
+                snap.wall_s += time.monotonic() - start
+                for sample in snap.samples:
+                    if sample["ran"]:
+                        snap.executed += 1
+                        snap.cpu_s += sample["cpu_s"]
+                        snap.steps[sample["mnemonic"]] = snap.steps.get(sample["mnemonic"], 0) + 1
         finally:
             if variant is not None:
                 engine.cas.close()
@@ -427,9 +467,11 @@ class Audit:
                                                                       if self.options.only else ""),
                              hint="audit a target built from a patched_tree (kind = \"patched_tree\")")
         self.progress(f"baseline: {label}")
+        comparer = self._comparer = Comparer(base_engine.cas)
+        if self.options.cutoff:
+            base_engine.rebuilder = self._recorder = Recorder(base_engine.rebuilder, base_engine.digester)
         base = snapshot(base_engine, base_engine.build([label]), [label], [s.target.label for s in found])
         self.builds.append(base)
-        comparer = Comparer(base_engine.cas)
         total = sum(len(s.units) for s in found)
         report_subjects = []
         n = 0
@@ -495,6 +537,11 @@ class Audit:
         else:
             changes, files = comparer.compare(reference, var, {str(subject.target.label)})
             result = UnitResult(unit, group, verdict(changes, files), changes, files, None, note, var.cost())
+            failed = [s["action"] for s in var.samples if not s["same"] and s["inputs"] == "toolkit"]
+            if failed:  # the cutoff's assumption does not hold for this unit: its verdict is not known
+                result.verdict = "unknown"
+                result.note = (f"the cutoff's check failed: {failed[0]} gives another output with this toolkit; "
+                               "audit it with AuditOptions(cutoff=False)")
         done[key] = result
         return result
 
@@ -511,11 +558,13 @@ class Audit:
                 patches_out.append({"patch": patch, "target": str(subject.target.label), "verdicts": counts,
                                     "note": note, "units": [r.to_json() for r in rs]})
         variants = self.builds[1:]
+        substituted = sum(s.substituted for s in variants)
         return {
             "label": str(self.label),
             "baseline": {"ok": base.ok, "error": base.errors[0] if base.errors else None, **base.cost()},
             "patches": patches_out,
             "hunks": sum(len(p["units"]) for p in patches_out),
             "cost": {"builds": len(variants), "executed": sum(s.executed for s in variants),
-                     "cpu_s": round(sum(s.cpu_s for s in variants), 1), "wall_s": round(wall_s, 1)},
+                     "substituted": substituted, "cpu_s": round(sum(s.cpu_s for s in variants), 1),
+                     "wall_s": round(wall_s, 1)},
         }

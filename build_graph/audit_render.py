@@ -81,7 +81,9 @@ def audit_lines(report: dict[str, Any]) -> list[str]:
     c, b = report["cost"], report["baseline"]
     lines = [f"audit {report['label']}: {report['hunks']} hunk(s) in {len(report['patches'])} patch(es); "
              f"baseline {'built' if b['ok'] else 'FAILS'} ({b['executed']} actions executed); "
-             f"{c['builds']} variant builds, {c['executed']} actions executed, {c['wall_s']} s"]
+             f"{c['builds']} variant builds, {c['executed']} actions executed"
+             + (f", {c['substituted']} compile steps taken from the baseline" if c.get("substituted") else "")
+             + f", {c['wall_s']} s"]
     for p in report["patches"]:
         counts = ", ".join(f"{p['verdicts'][v]} {v}" for v in ORDER if v in p["verdicts"])
         lines.append(f"{p['patch'] or 'added trees'} ({p['target']}): {counts}")

@@ -75,6 +75,25 @@ kind = "cuda_library"
 srcs = ["k/fp4.cu"]
 archs = ["12.1a"]
 toolchain = "//toolchains:cuda-13.0-legacy"
+
+# A toolkit of its own: the toolchain's CCCL with a test patch laid over it, and two TUs that both
+# read the patched header (through <cuda/std/limits>); only b.cu uses what the second hunk defines.
+[cccl-t]
+kind = "patched_tree"
+src = "//toolchains:cccl"
+patches = ["patches/tc/*.patch"]
+
+[tk]
+kind = "cuda_toolchain"
+version = "13.0.88"
+wheels = ["cuda-nvcc-13-0", "cuda-nvvm-13-0", "cuda-crt-13-0", "cuda-cccl-13-0", "cuda-runtime-13-0"]
+overlay = ":cccl-t"
+
+[tk-user]
+kind = "cuda_library"
+srcs = ["k/b.cu", "k/c.cu"]
+archs = ["12.1a"]
+toolchain = ":tk"
 """
 FP4_TU = """#include <nv_fp4_dummy.h>
 #include <cuda/std/limits>
@@ -84,6 +103,29 @@ FP4_TU = """#include <nv_fp4_dummy.h>
 __global__ void to_fp4(__nv_fp4_e2m1* out, const float* in) { out[0] = __nv_fp4_e2m1(in[0]); }
 """
 P1, P2 = "patches/t/0001-k.patch", "patches/t/0002-bias.patch"
+TK = "patches/tc/0001-version.patch"
+VERSION_H = "include/cccl/cuda/std/__cccl/version.h"
+TK_B = """#include <cuda/std/limits>
+__global__ void b(float* x) {
+#ifdef BGRAPH_TK_TUNE
+  x[0] *= BGRAPH_TK_TUNE;
+#endif
+  x[0] += cuda::std::numeric_limits<float>::epsilon();
+}
+"""
+TK_C = """#include <cuda/std/limits>
+__global__ void c(int* x) { x[0] = cuda::std::numeric_limits<int>::max(); }
+"""
+
+
+def toolkit_patch(version_h: str) -> str:
+    """Two hunks on CCCL's version.h: #1 a comment line (moves lines only), #2 a macro b.cu uses."""
+    patched = (version_h.replace("// clang-format off\n", "// clang-format off\n// (patched for a test)\n")
+               .replace("#define CCCL_PATCH_VERSION (CCCL_VERSION % 1000)\n",
+                        "#define CCCL_PATCH_VERSION (CCCL_VERSION % 1000)\n#define BGRAPH_TK_TUNE 3\n"))
+    assert patched.count("\n") == version_h.count("\n") + 2
+    return "".join(difflib.unified_diff(version_h.splitlines(True), patched.splitlines(True),
+                                        f"a/{VERSION_H}", f"b/{VERSION_H}"))
 
 
 def diff(a: str, b: str) -> str:
@@ -96,6 +138,17 @@ def ws(module_tmp) -> WS:
     ws.write({"inc/k.cuh": HEADER, "k/a.cu": KERNEL, "k/fp4.cu": FP4_TU, "targets/t.toml": TARGETS,
               P1: "The header's patch: one hunk of each kind.\n\n" + diff(HEADER, PATCHED), P2: diff(PATCHED, BIASED)})
     return ws
+
+
+@pytest.fixture(scope="module")
+def toolkit_report(ws) -> dict:
+    built = ws.build("//toolchains:cccl")
+    assert built.rc == 0, built.output
+    version_h = (ws.root / "bgraph-out/toolchains/cccl" / VERSION_H).read_text()
+    ws.write({"k/b.cu": TK_B, "k/c.cu": TK_C, TK: toolkit_patch(version_h)})
+    run = ws.cli("audit", "--json", "//t:tk-user", timeout=900)
+    assert run.rc == 0, run.output
+    return run.json
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +223,45 @@ def test_a_variant_costs_what_its_hunk_touches_and_a_second_audit_nothing(ws, re
     # The variants keep traces of their own: the ordinary build is still a no-op.
     build = ws.build("//t:lib")
     assert build.rc == 0 and build.json["executed"] == 0
+
+
+def test_a_toolkit_hunk_costs_the_preprocessing_it_reaches(toolkit_report):
+    """A hunk in a toolkit header re-runs the preprocessing of the TUs (both read the header), not
+    their compile steps where those would do the baseline's work again: the other TU's cicc,
+    ptxas, cudafe++, host compile come from the baseline, one of each kind runs as the check."""
+    moved = hunk(toolkit_report, f"{TK}#1")
+    assert moved["verdict"] == "dead" and moved["tus"] == [] and moved["outputs"] == []
+    assert all(c["change"] == "positions" for c in moved["device_preprocessed"] + moved["host_preprocessed"])
+    steps = moved["cost"]["steps"]
+    assert steps.get("CudaDevicePreprocess") == 2 and steps.get("CudaHostPreprocess") == 2, steps
+    for step in ("CudaCicc", "CudaPtxas", "CudaFrontend", "CudaHostCompile", "CudaFatbinary"):
+        assert steps.get(step, 0) <= 1, steps  # at most the sample; before the cutoff: 2 of each
+    assert moved["cost"]["substituted"] >= 5, moved["cost"]
+    samples = moved["cost"]["samples"]  # one of each kind taken from the baseline ran, and agreed
+    assert {s["mnemonic"] for s in samples} >= {"CudaCicc", "CudaPtxas", "CudaHostCompile"}
+    assert all(s["same"] for s in samples), samples
+
+    live = hunk(toolkit_report, f"{TK}#2")  # a live hunk in a header every TU reads is still built
+    assert live["verdict"] == "live" and live["tus"] == ["k/b.cu"] and live["archs"] == ["121a"]
+    assert [c["tu"] for c in live["cubins"]] == ["k/b.cu"] and [c["tu"] for c in live["objects"]] == ["k/b.cu"]
+    assert {f["path"] for f in live["outputs"]} == {"//t:tk-user:libtk-user.a", "//t:tk-user:obj/k_b.cu.o"}
+    assert live["cost"]["steps"].get("CudaCicc", 0) >= 1 and live["cost"]["substituted"] >= 1
+
+
+@pytest.mark.slow
+def test_the_cutoff_agrees_with_building_every_step(ws, toolkit_report):
+    """The same audit with every step built (half a minute more)."""
+    from build_graph.audit import Audit, AuditOptions
+    from build_graph.labels import parse_label
+
+    full = Audit(ws.load(), ws.cache, parse_label("//t:tk-user"), AuditOptions(cutoff=False)).run()
+    keys = ("verdict", "tus", "archs", "host", "outputs")
+    assert [{k: u[k] for k in keys} for p in full["patches"] for u in p["units"]] == \
+        [{k: u[k] for k in keys} for p in toolkit_report["patches"] for u in p["units"]]
+    # Without it both TUs' cicc run (less the sample the first audit ran and filed).
+    sampled = sum(s["ran"] for s in hunk(toolkit_report, f"{TK}#1")["cost"]["samples"] if s["mnemonic"] == "CudaCicc")
+    assert hunk(full, f"{TK}#1")["cost"]["steps"]["CudaCicc"] == 2 - sampled
+    assert full["cost"]["substituted"] == 0
 
 
 def test_text_report_has_one_line_per_patch_then_its_hunks(ws, report):

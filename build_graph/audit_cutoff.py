@@ -1,0 +1,171 @@
+"""The audit's cutoff after preprocessing: a hunk costs the preprocessing it reaches, not every
+compile step downstream of a changed toolkit.
+
+Every action that uses a toolkit is keyed on the whole toolkit tree, so a variant whose toolkit
+differs by one header (a CCCL hunk, the FP4 shim) misses on every step of every TU: cicc,
+ptxas, cudafe++ and the host compile of a TU that never includes the header run again, and so
+do those of a TU whose preprocessed text only moved lines. Both are the same work as the
+baseline's: nvcc's steps after preprocessing read the preprocessed text, the PTX, the cubins
+and the toolkit's programs, not the headers a TU includes (those reach them only through
+preprocessing, which always runs again here, so its output is compared, never assumed).
+
+So in a variant a step after preprocessing whose baseline counterpart (the same command,
+environment, outputs and mounts) differs from it only
+- in the toolkit, at headers (files under include/), and/or
+- in preprocessed text (.ii) that moves lines only (what the audit counts as no change),
+is taken from the baseline instead of run. The assumption is checked in each variant: after the
+build, one step of each kind taken from the baseline (the quickest in the baseline, one that
+differs in the toolkit alone where there is one) runs for real; a different output there makes
+the unit's verdict "unknown". (The host compile and the fatbinary object include the toolkit's
+crt/host_runtime.h and fatbinary_section.h: a unit that changes those fails its check.)
+The substituted results are never filed under the variant's keys: the cache holds only what ran.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from build_graph.model import Action, FileEntry, Tree
+from build_graph.rebuilder import Hit, Miss
+from build_graph.rules.base import TOOLCHAIN
+
+# nvcc's steps after preprocessing (nvcc_compile.STEP_MNEMONIC, less the two preprocessing steps).
+AFTER_PREPROCESSING = frozenset({"CudaDryrun", "CudaFrontend", "CudaCicc", "CudaPtxas", "CudaFatbinary",
+                                 "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})
+HEADERS = "include/"
+
+
+def shape(action: Action, digester) -> str:
+    """What must match for two actions to be counterparts: the description without the
+    content of the inputs and the toolkit (the mount names stay)."""
+    described = dict(action.description(digester))
+    described["inputs"] = sorted(described["inputs"])
+    described.pop("toolchain", None)
+    return digester.of_json(described)
+
+
+def toolkit_headers_only(a: Tree, b: Tree) -> bool:
+    """Whether two toolkit trees differ only at paths under include/."""
+    ea, eb = a.entries, b.entries
+    return all(p.startswith(HEADERS) for p in set(ea) ^ set(eb)) and \
+        all(p.startswith(HEADERS) for p in ea if p in eb and ea[p] != eb[p])
+
+
+class Recorder:
+    """Wraps an engine's rebuilder (the baseline's): remembers the outcome of each step after
+    preprocessing by its shape."""
+
+    def __init__(self, inner, digester):
+        self.inner, self.digester = inner, digester
+        self.outcomes: dict[str, tuple[Action, Hit]] = {}
+
+    def _keep(self, action: Action, hit: Hit) -> None:
+        if action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
+            self.outcomes[shape(action, self.digester)] = (action, hit)
+
+    def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
+        decision = self.inner.check(action, recorded)
+        if isinstance(decision, Hit):
+            self._keep(action, decision)
+        return decision
+
+    def record(self, action: Action, tree: Tree, result) -> str:
+        key = self.inner.record(action, tree, result)
+        self._keep(action, Hit(result, tree, key))
+        return key
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+class Cutoff:
+    """Wraps a variant's rebuilder: a miss on a step after preprocessing whose baseline
+    counterpart differs only as the module docstring says is the counterpart's hit."""
+
+    def __init__(self, inner, digester, baseline: dict[str, tuple[Action, Hit]],
+                 moved_only: Callable[[FileEntry, FileEntry], bool]):
+        self.inner, self.digester = inner, digester
+        self.baseline, self.moved_only = baseline, moved_only
+        # (action, the baseline's hit, whether only the toolkit differs), in the order taken
+        self.substituted: list[tuple[Action, Hit, bool]] = []
+        self._toolkits: dict[tuple[str, str], bool] = {}
+
+    def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
+        # Taken from the baseline even where an earlier audit ran it (a sample): each audit of a
+        # unit then builds the same thing, and the samples are checked apart (run_samples).
+        if action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
+            found = self.baseline.get(shape(action, self.digester))
+            if found is not None and found[0].key(self.digester) != action.key(self.digester):
+                same = self._same_work(found[0], action)
+                if same is not None:
+                    self.substituted.append((action, found[1], same == "toolkit"))
+                    return found[1]
+        return self.inner.check(action, recorded)
+
+    def record(self, action: Action, tree: Tree, result) -> str:
+        return self.inner.record(action, tree, result)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def samples(self) -> list[tuple[Action, Hit, bool]]:
+        """The check: per step kind, the substituted step that took least time in the baseline,
+        one whose inputs differ in the toolkit alone where there is one."""
+        best: dict[str, tuple[Action, Hit, bool]] = {}
+        for entry in self.substituted:
+            action, hit, pure = entry
+            rank = (not pure, hit.result.duration_s, action.name)
+            now = best.get(action.mnemonic)
+            if now is None or rank < (not now[2], now[1].result.duration_s, now[0].name):
+                best[action.mnemonic] = entry
+        return [best[m] for m in sorted(best)]
+
+    def _same_work(self, base: Action, action: Action) -> str | None:
+        """None where the two do different work; "toolkit" where they differ in toolkit headers
+        alone, "moved" where preprocessed text they read also moved lines."""
+        mine = dict(action.inputs)
+        kind = "toolkit"
+        for mount, tree in base.inputs:
+            other = mine.get(mount)
+            if other is None:
+                return None
+            if mount == TOOLCHAIN:  # compared once per pair of toolkits (ten thousand files)
+                pair = (base.toolchain or "", action.toolchain or "")
+                if pair[0] != pair[1]:
+                    if pair not in self._toolkits:
+                        self._toolkits[pair] = toolkit_headers_only(tree, other)
+                    if not self._toolkits[pair]:
+                        return None
+                continue
+            if other is tree or other.entries == tree.entries:
+                continue
+            a, b = tree.entries, other.entries
+            if set(a) != set(b):
+                return None
+            for path, entry in a.items():
+                if b[path] == entry:
+                    continue
+                if not (path.endswith((".ii", ".i")) and isinstance(entry, FileEntry)
+                        and isinstance(b[path], FileEntry) and self.moved_only(entry, b[path])):
+                    return None
+                kind = "moved"
+        return kind
+
+
+def run_samples(engine, cutoff: Cutoff) -> list[dict[str, Any]]:
+    """Runs each sample for real (a cached result of an earlier audit serves) and says whether
+    it gave the baseline's output."""
+    out = []
+    for action, hit, pure in cutoff.samples():
+        decision = cutoff.inner.check(action, lambda: None)
+        cpu_s = 0.0
+        if isinstance(decision, Hit):
+            tree = decision.tree
+        else:
+            tree, result = engine.execute(action)
+            cutoff.inner.record(action, tree, result)
+            cpu_s = result.cpu_s
+        out.append({"action": action.name, "mnemonic": action.mnemonic, "same": tree == hit.tree,
+                    "inputs": "toolkit" if pure else "toolkit, moved lines", "ran": not isinstance(decision, Hit),
+                    "cpu_s": round(cpu_s, 1)})
+    return out
