@@ -34,10 +34,11 @@ def default_max_mem_mb() -> int:
 
 
 def _workspace(args) -> Workspace:
+    from build_graph.store import parsed
     from build_graph.workspace import find_root, load
 
     root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
-    return load(root)
+    return parsed.load(root, load)
 
 
 def cmd_build(args, console: Console) -> int:
