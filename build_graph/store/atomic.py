@@ -16,8 +16,12 @@ def write_json(dest: Path, value: Any, tmp_dir: Path, sort_keys: bool = False, i
     orjson, not json: the stamp table of a vLLM cache is 5 MB, and json.dump took a third of a
     second to write it."""
     options = orjson.OPT_NON_STR_KEYS | (orjson.OPT_SORT_KEYS if sort_keys else 0) | (orjson.OPT_INDENT_2 if indent else 0)
-    data = orjson.dumps(value, option=options)
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir)
+    write_bytes(dest, orjson.dumps(value, option=options), tmp_dir)
+
+
+def write_bytes(dest: Path, data: bytes, tmp_dir: Path | None = None) -> None:
+    """Write `data` to `dest` atomically (the temp file in `tmp_dir`, else beside `dest`)."""
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or dest.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -8,7 +8,6 @@ stamp: such a load is not kept. A damaged or foreign pickle is ignored (the work
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from build_graph.store import uptodate
+from build_graph.store.atomic import write_bytes
 
 if TYPE_CHECKING:
     from build_graph.workspace import Workspace
@@ -52,9 +52,6 @@ def load(root: Path, parse) -> Workspace:
 def _keep(path: Path, inputs: dict[str, Any], workspace: Workspace) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{NAME}.{os.getpid()}.{time.monotonic_ns()}")
-        with open(tmp, "wb") as f:
-            pickle.dump((inputs, workspace), f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        write_bytes(path, pickle.dumps((inputs, workspace), protocol=pickle.HIGHEST_PROTOCOL))
     except (OSError, pickle.PicklingError, TypeError, AttributeError):
         pass  # not kept: the next command parses again

@@ -39,6 +39,8 @@ from typing import Any
 
 import orjson
 
+from build_graph.store.atomic import write_bytes
+
 RECORD_DIR = ".uptodate"  # under bgraph-out/
 FORMAT = 1
 RACY_S = 2.0  # a file modified this close to the scan may change again without changing its stamp
@@ -189,9 +191,7 @@ def save(root: Path, digest: str, record: Record) -> None:
     """Write the record atomically (a concurrent build of the same request writes the same)."""
     path = record_path(root, digest)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
-    tmp.write_bytes(record.to_bytes())
-    os.replace(tmp, path)
+    write_bytes(path, record.to_bytes())
 
 
 def generation_path(layout_root: Path) -> Path:
@@ -202,10 +202,7 @@ def generation_path(layout_root: Path) -> Path:
 def bump_generation(layout_root: Path) -> None:
     """The cache lost something: every no-op record of it stops holding (their next build checks
     each action again)."""
-    path = generation_path(layout_root)
-    tmp = path.with_name(f".generation.{os.getpid()}.{time.monotonic_ns()}")
-    tmp.write_text(f"{time.time_ns()}\n")
-    os.replace(tmp, path)
+    write_bytes(generation_path(layout_root), f"{time.time_ns()}\n".encode())
 
 
 def forget(root: Path, digest: str) -> None:
