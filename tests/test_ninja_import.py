@@ -150,5 +150,37 @@ def test_a_cross_build_is_refused_in_one_line(tmp_path, cache):
     other = "aarch64" if host_platform() == "x86_64" else "x86_64"
     run = ws.cli("build", "--json", "--platform", other, LABEL, timeout=900)
     assert run.rc != 0 and "Traceback" not in run.output, run.output[-3000:]
-    assert f"a ninja_generator cannot build for {other} on " in run.output and "gen.toml" in run.output
+    assert f"a ninja_generator without cross.exec_ext cannot build for {other} on " in run.output
+    assert "gen.toml" in run.output
     assert not [a for a in run.json["actions"] if a["mnemonic"] == "NinjaGenerate"]
+
+
+CROSS = TARGET.replace('cmd = "python3 -S $WS/gen.py"',
+                       'cmd = "test -f $GEN_TOOL/tool.txt && python3 -S $WS/gen.py"') + """
+[mod.cross]
+exec_ext = { tool = ":tool" }
+env = { GEN_TOOL = "/bgraph/exec/tool" }
+
+[tool]
+kind = "genrule"
+srcs = ["gen.py"]
+outs = ["tool.txt"]
+cmd = "uname -m > $OUT/tool.txt"
+"""
+
+
+@pytest.mark.slow
+def test_a_cross_build_runs_the_generator_with_exec_trees_and_links_for_the_target(tmp_path, cache):
+    """With cross.exec_ext the generator runs here (what it needs built for this machine, at
+    /bgraph/exec/<name>), and the edges compile and link with the target's cross compiler."""
+    from build_graph.workspace import host_platform
+    if host_platform() != "x86_64":
+        pytest.skip("the pinned cross compiler runs on x86_64")
+    ws = new_ws(tmp_path / "ws", cache, CROSS)
+    run = ws.cli("build", "--json", "-j", "2", "--platform", "aarch64", LABEL, timeout=3600)
+    assert run.rc == 0, run.output[-3000:]
+    lib = ws.root / "bgraph-out" / "aarch64" / "gen" / "mod" / "mod" / "mod.so"
+    header = lib.read_bytes()[:20]
+    assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
+    names = {a["name"] for a in run.json["actions"]}
+    assert {"cicc ops/mod/kernel.cuda.o 120a", "ptxas ops/mod/kernel.cuda.o 121a"} <= names, names

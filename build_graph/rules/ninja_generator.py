@@ -9,6 +9,11 @@ nothing it writes holds a host path or a scratch directory. The same action asks
 the graph (`-t compdb -x`, `-t query`; see ninja_graph.py). Round 2 plans the edges that the
 wanted outputs need: nvcc compiles per (TU, arch) through compile_tu, with early cutoff.
 
+A cross build (another target CPU) runs the generator here, so what it imports comes from
+`cross.exec_ext` (built for the exec machine, at /bgraph/exec/<name>); the edges then compile and
+link with the build's own systems (the cross compiler, the target's libraries). Without it a
+cross build is refused when planned.
+
 Used for FlashInfer's AOT modules (targets/flashinfer.toml): `python -m flashinfer.aot`'s
 module enumeration writes one build.ninja per module.
 """
@@ -44,6 +49,19 @@ rm -f .ninja_log .ninja_deps
 """
 
 
+class NinjaGeneratorCrossAttrs(Attrs):
+    """What a cross build adds (its target platform is not the exec machine's): the generator runs
+    here, so what it imports must be built for this machine."""
+
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the generator and the edges, "
+                                                                  "over env (e.g. PYTHONPATH=/bgraph/exec/...)")
+    ext: dict[str, str] = Field(default_factory=dict, description="name -> label of a target-platform tree "
+                                                                  "mounted at /bgraph/ext/<name>")
+    exec_ext: dict[str, str] = Field(default_factory=dict,
+                                     description="name -> label built for the exec machine, mounted at "
+                                                 "/bgraph/exec/<name> (the packages the generator imports)")
+
+
 class NinjaGeneratorAttrs(Attrs):
     cmd: str = Field(description="shell command writing /bgraph/out/build.ninja; $SRC, $WS, $OUT are set")
     src: str = Field(description="label of the source tree, at /bgraph/src")
@@ -60,14 +78,21 @@ class NinjaGeneratorAttrs(Attrs):
     ninja: str = Field("//toolchains:ninja", description="Ninja tree (ninja or bin/ninja)")
     host: str = Field("//toolchains:host-cc", description="host_tools or deb_packages target: compilers, python3")
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
+    cross: NinjaGeneratorCrossAttrs = Field(default_factory=NinjaGeneratorCrossAttrs,
+                                            description="environment and trees a cross build adds")
 
 
 def ninja_generator_deps(attrs: NinjaGeneratorAttrs):
-    return labels_in(attrs, "src", "ext", "toolchain", "ninja", "host")
+    return (labels_in(attrs, "src", "ext", "toolchain", "ninja", "host")
+            + [("cross.ext", v) for v in attrs.cross.ext.values()]
+            + [("cross.exec_ext", v) for v in attrs.cross.exec_ext.values()])
 
 
 def ninja_generator_transition(attrs: NinjaGeneratorAttrs, key: str, label: str, config):
-    """Ninja runs on the exec machine, whatever the project is built for."""
+    """Ninja runs on the exec machine, whatever the project is built for; `cross` trees exist
+    only in a cross build (exec_ext: built for the exec machine)."""
+    if key.startswith("cross."):
+        return None if not config.cross else config.exec_config() if key == "cross.exec_ext" else config
     return config.exec_config() if key == "ninja" else config
 
 
@@ -84,12 +109,14 @@ def _ninja(tree: Tree) -> str:
 
 def plan_ninja_generator(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
-    if ctx.platform != ctx.exec_platform:
-        # The generator runs on this machine with the target's trees mounted (FlashInfer's imports
-        # the target's torch): for another CPU it would fail inside the action, or worse.
-        raise ctx.fail(f"a ninja_generator cannot build for {ctx.platform} on {ctx.exec_platform} yet: its "
-                       "generator would run the target platform's packages here",
-                       hint=f"build it on a {ctx.platform} machine, or for this one (--platform {ctx.exec_platform})")
+    cross = ctx.platform != ctx.exec_platform
+    if cross and not a.cross.exec_ext:
+        # The generator runs on this machine: with only the target's trees (FlashInfer's imports
+        # torch) it would run the target platform's packages here, and fail inside the action or worse.
+        raise ctx.fail(f"a ninja_generator without cross.exec_ext cannot build for {ctx.platform} on "
+                       f"{ctx.exec_platform}: its generator would run the target platform's packages here",
+                       "cross", hint="give cross.exec_ext (what the generator imports, built for this machine) "
+                                     f"and cross.env, or build for this machine (--platform {ctx.exec_platform})")
     source = ctx.dep(a.src, "src").tree
     toolchain, host = ctx.dep(a.toolchain, "toolchain"), ctx.dep(a.host, "host")
     ninja_tree = ctx.dep(a.ninja, "ninja").tree
@@ -98,8 +125,12 @@ def plan_ninja_generator(ctx: RuleContext) -> PlanGen:
     except KeyError:
         raise ctx.fail("no ninja binary in the ninja tree", "ninja") from None
     ext = {f"/bgraph/ext/{name}": ctx.dep(label, "ext").tree for name, label in a.ext.items()}
+    if cross:
+        ext.update({f"/bgraph/ext/{name}": ctx.dep(label, "cross.ext").tree for name, label in a.cross.ext.items()})
+        ext.update({f"/bgraph/exec/{name}": ctx.dep(label, "cross.exec_ext").tree
+                    for name, label in a.cross.exec_ext.items()})
     env = {"PATH": f"{NINJA}/bin:{NINJA}:/bgraph/toolchain/bin:/usr/bin:/bin", "SRC": SRC, "WS": WS, "OUT": OUT,
-           "PYTHONDONTWRITEBYTECODE": "1", **a.env}
+           "PYTHONDONTWRITEBYTECODE": "1", **a.env, **(a.cross.env if cross else {})}
     if a.archs is not None:
         env[a.arch_env] = a.arch_separator.join(ctx.arch_sets(a.archs, ctx.where("archs")))
 
