@@ -51,7 +51,7 @@ except MissingJITCacheError:
 except Exception as e:
     missing = type(e).__name__
 print(json.dumps({"found": found, "loaded": loaded, "norm": str(norm.aot_path), "missing": missing,
-                  "version": flashinfer.__version__}))
+                  "version": flashinfer.__version__, "tvm_ffi": tvm_ffi.__version__}))
 '''
 
 
@@ -61,12 +61,17 @@ def bgraph(ws: Path, cache: Path, *args: str, timeout: float = 7200) -> subproce
 
 
 def check_wheel(wheel: Path, torch_env: Path, runtime_env: Path, stub: Path, cuobjdump: Path, arch: str,
-                scratch: Path) -> dict:
-    """Install `wheel` into a fresh venv (torch and the runtime wheels through a .pth file) and run
+                scratch: Path, requirements: tuple[str, ...] = ()) -> dict:
+    """Install `wheel` into a fresh venv (torch and the runtime wheels through a .pth file, after
+    `requirements`, installed first from pip's configured index, which take precedence) and run
     CHECK there; also list each module's cubins. Returns CHECK's report plus 'archs'."""
     env_dir = scratch / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
+    if requirements:
+        pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *requirements],
+                             capture_output=True, text=True)
+        assert pip.returncode == 0, pip.stderr
     pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                          capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr
@@ -124,3 +129,48 @@ def test_wheel_installs_and_every_aot_module_loads_without_jit(built, tmp_path):
     assert report["missing"] == "MissingJITCacheError"  # JIT is off: a module not built is an error
     # Cubins for 12.1a and no other arch, in every module.
     assert report["archs"] and all(archs == ["sm_121a"] for archs in report["archs"].values()), report["archs"]
+
+
+@pytest.fixture(scope="module")
+def vllm_wheel(built, module_tmp):
+    """vLLM 0.33.0's x86_64 wheel for 12.1a (`--platform x86_64 //wheels:vllm-sm121`: the target's
+    own platform is the Spark's aarch64, whose wheel pip cannot install here). A whole vLLM build
+    when the cache lacks it (about an hour on 2 cores): skipped then unless
+    FLASHINFER_TEST_BUILD_VLLM=1."""
+    cache = Path(os.environ.get("FLASHINFER_TEST_BGRAPH_CACHE") or module_tmp / "cache")
+    ws = module_tmp / "ws"
+    args = ("build", "--json", "-j", "2", "--platform", "x86_64", "//wheels:vllm-sm121")
+    if os.environ.get("FLASHINFER_TEST_BUILD_VLLM") != "1":
+        dry = bgraph(ws, cache, *args[:2], "--dry-run", *args[2:])
+        would = json.loads(dry.stdout)["would_run"] if dry.returncode == 0 else None
+        if would != 0:
+            pytest.skip(f"the x86_64 vLLM wheel is not in {cache} ({would} actions would run): "
+                        "FLASHINFER_TEST_BUILD_VLLM=1 builds it")
+    run = bgraph(ws, cache, *args)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [wheel] = (ws / "bgraph-out" / "wheels" / "vllm-sm121").glob("*.whl")
+    assert wheel.name.endswith("_x86_64.whl")
+    return wheel
+
+
+def test_wheel_resolves_beside_the_vllm_wheel_and_loads_with_what_pip_picks(built, vllm_wheel, tmp_path):
+    # pip resolves both wheels and every requirement of either together, from its configured index
+    # (the machine's, not bgraph's pins): vLLM asks flashinfer-python==0.7.2.post1, ours is that.
+    env_dir = tmp_path / "resolve"
+    venv.create(env_dir, with_pip=True)
+    resolve = subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--dry-run",
+                              "--ignore-installed", "--report", str(tmp_path / "report.json"),
+                              str(vllm_wheel), str(built["wheel"])], capture_output=True, text=True)
+    assert resolve.returncode == 0, resolve.stdout[-3000:] + resolve.stderr[-3000:]
+    picked = {i["metadata"]["name"].lower().replace("_", "-"): i
+              for i in json.loads((tmp_path / "report.json").read_text())["install"]}
+    for name, wheel in (("vllm", vllm_wheel), ("flashinfer-python", built["wheel"])):
+        assert picked[name]["download_info"]["url"] == wheel.as_uri(), (name, picked[name]["download_info"])
+    # vLLM pins apache-tvm-ffi (0.1.11) lower than the generator's environment (0.1.15.post2, whose
+    # headers the modules were compiled against): the modules must load with the version pip picks.
+    tvm_ffi = picked["apache-tvm-ffi"]["metadata"]["version"]
+    report = check_wheel(built["wheel"], built["torch_env"], built["runtime_env"], built["stub"],
+                         built["cuobjdump"], "12.1a", tmp_path / "check", (f"apache-tvm-ffi=={tvm_ffi}",))
+    assert report["tvm_ffi"] == tvm_ffi
+    assert sorted(report["loaded"]) == built["modules"]
+    assert report["missing"] == "MissingJITCacheError"
