@@ -48,10 +48,12 @@ PARTS = {
     "a": [("//vllm:smoke-fp4-sm121-legacy", [E2M1]), ("//vllm:smoke-fp4-sm12x-legacy", [E2M1])],
     "b": [("//wheels:vllm-sm121-legacy", [])],
     "c": [("//wheels:vllm-sm121", [])],
-    # One audit per group, so each group's report is kept (--json-out) as soon as it is done.
-    "e": [("//wheels:vllm-sm121-legacy", ["patches/legacy-dgx/cccl/*", "//toolchains:cccl-patched add include"]),
-          ("//wheels:vllm-sm121-legacy", [E2M1]),
+    # One audit per group, so each group's report is kept (--json-out) as soon as it is done;
+    # the cheapest first.
+    "e": [("//wheels:vllm-sm121-legacy", [E2M1]),
           ("//wheels:vllm-sm121-legacy", ["patches/legacy-dgx/vllm/0002*"]),
+          ("//wheels:vllm-sm121-legacy", ["//toolchains:cccl-patched add include"]),
+          ("//wheels:vllm-sm121-legacy", ["patches/legacy-dgx/cccl/*"]),
           ("//wheels:vllm-sm121-legacy", ["patches/vllm/*"])],
     # (b) and (c) restricted to what the FP4 quantization TUs see: every hunk of the legacy set (the
     # CCCL patch and the shim included) and of our own patches, on the smoke targets; an hour or so.

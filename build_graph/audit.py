@@ -156,12 +156,13 @@ class Snapshot:
     cpu_s: float = 0.0
     steps: dict[str, int] = field(default_factory=dict)  # mnemonic -> actions executed
     substituted: int = 0  # steps taken from the baseline (audit_cutoff.py)
+    unread: int = 0  # preprocessing steps taken from the baseline: they read no toolkit file that differs
     samples: list[dict] = field(default_factory=list)  # the cutoff's check: one step of each kind run
 
     def cost(self) -> dict[str, Any]:
         return {"executed": self.executed, "hits": self.hits, "wall_s": round(self.wall_s, 1),
                 "cpu_s": round(self.cpu_s, 1), "steps": dict(sorted(self.steps.items())),
-                "substituted": self.substituted, "samples": self.samples}
+                "substituted": self.substituted, "unread": self.unread, "samples": self.samples}
 
 
 def snapshot(engine: Engine, result: BuildResult, labels: list[Label], extra: list[Label] = ()) -> Snapshot:
@@ -183,7 +184,7 @@ def snapshot(engine: Engine, result: BuildResult, labels: list[Label], extra: li
     cutoff = engine.rebuilder if isinstance(engine.rebuilder, Cutoff) else None
     return Snapshot(not result.failures, [e.render() for e in result.failures], actions, outputs, trees,
                     summary["executed"], summary["hits"] + summary["cut_off"], result.wall_s, summary["cpu_s"],
-                    steps, len(cutoff.substituted) if cutoff else 0)
+                    steps, len(cutoff.substituted) if cutoff else 0, len(cutoff.unread) if cutoff else 0)
 
 
 # -- comparing two builds ----------------------------------------------------------------
@@ -437,7 +438,7 @@ class Audit:
         engine = Engine(self.ws, self.cache_dir, opts, self.reporter(), variant=variant)
         if self._recorder is not None and self._comparer is not None:
             engine.rebuilder = Cutoff(engine.rebuilder, engine.digester, self._recorder.outcomes,
-                                      self._comparer.moved_only)
+                                      self._comparer.moved_only, self._comparer.cas.read_bytes)
         try:
             snap = snapshot(engine, engine.build(labels), labels)
             if isinstance(engine.rebuilder, Cutoff) and snap.ok:
@@ -558,7 +559,7 @@ class Audit:
                 patches_out.append({"patch": patch, "target": str(subject.target.label), "verdicts": counts,
                                     "note": note, "units": [r.to_json() for r in rs]})
         variants = self.builds[1:]
-        substituted = sum(s.substituted for s in variants)
+        substituted = sum(s.substituted + s.unread for s in variants)
         return {
             "label": str(self.label),
             "baseline": {"ok": base.ok, "error": base.errors[0] if base.errors else None, **base.cost()},

@@ -19,36 +19,49 @@ differs in the toolkit alone where there is one) runs for real; a different outp
 the unit's verdict "unknown". (The host compile and the fatbinary object include the toolkit's
 crt/host_runtime.h and fatbinary_section.h: a unit that changes those fails its check.)
 The substituted results are never filed under the variant's keys: the cache holds only what ran.
+
+A preprocessing step is taken from the baseline where its depfile says it read none of the
+toolkit files that differ (the depfile-narrowed key the rebuilder gives source trees, applied to
+the toolkit), all its other inputs being the same. A file the variant adds to the toolkit or
+takes away (the FP4 shim) could change the output unread: through `__has_include` or by
+shadowing a header of that name. Such a step is taken from the baseline only if no file it read
+has that name or mentions it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from build_graph.depfile import absolute, parse_depfile
 from build_graph.model import Action, FileEntry, Tree
 from build_graph.rebuilder import Hit, Miss
-from build_graph.rules.base import TOOLCHAIN
+from build_graph.rules.base import OUT, TOOLCHAIN
 
 # nvcc's steps after preprocessing (nvcc_compile.STEP_MNEMONIC, less the two preprocessing steps).
 AFTER_PREPROCESSING = frozenset({"CudaDryrun", "CudaFrontend", "CudaCicc", "CudaPtxas", "CudaFatbinary",
                                  "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})
+PREPROCESSING = frozenset({"CudaDevicePreprocess", "CudaHostPreprocess"})
 HEADERS = "include/"
 
 
 def shape(action: Action, digester) -> str:
     """What must match for two actions to be counterparts: the description without the
     content of the inputs and the toolkit (the mount names stay)."""
-    described = dict(action.description(digester))
+    described = dict(action.traced(digester)[1])  # a narrowed action's prekey description
     described["inputs"] = sorted(described["inputs"])
     described.pop("toolchain", None)
     return digester.of_json(described)
 
 
-def toolkit_headers_only(a: Tree, b: Tree) -> bool:
-    """Whether two toolkit trees differ only at paths under include/."""
+def toolkit_diff(a: Tree, b: Tree) -> tuple[set[str], set[str]] | None:
+    """(paths that differ, names of files only one of the two has) of two toolkit trees; None
+    where they differ outside include/."""
     ea, eb = a.entries, b.entries
-    return all(p.startswith(HEADERS) for p in set(ea) ^ set(eb)) and \
-        all(p.startswith(HEADERS) for p in ea if p in eb and ea[p] != eb[p])
+    apart = set(ea) ^ set(eb)
+    differ = apart | {p for p in ea if p in eb and ea[p] != eb[p]}
+    if not all(p.startswith(HEADERS) for p in differ):
+        return None
+    return differ, {p.rpartition("/")[2] for p in apart}
 
 
 class Recorder:
@@ -60,7 +73,7 @@ class Recorder:
         self.outcomes: dict[str, tuple[Action, Hit]] = {}
 
     def _keep(self, action: Action, hit: Hit) -> None:
-        if action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
+        if (action.mnemonic in AFTER_PREPROCESSING or action.mnemonic in PREPROCESSING) and action.cacheable:
             self.outcomes[shape(action, self.digester)] = (action, hit)
 
     def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
@@ -83,17 +96,24 @@ class Cutoff:
     counterpart differs only as the module docstring says is the counterpart's hit."""
 
     def __init__(self, inner, digester, baseline: dict[str, tuple[Action, Hit]],
-                 moved_only: Callable[[FileEntry, FileEntry], bool]):
+                 moved_only: Callable[[FileEntry, FileEntry], bool], read: Callable[[FileEntry], bytes]):
         self.inner, self.digester = inner, digester
-        self.baseline, self.moved_only = baseline, moved_only
+        self.baseline, self.moved_only, self.read = baseline, moved_only, read
         # (action, the baseline's hit, whether only the toolkit differs), in the order taken
         self.substituted: list[tuple[Action, Hit, bool]] = []
-        self._toolkits: dict[tuple[str, str], bool] = {}
+        self.unread: list[str] = []  # preprocessing steps taken from the baseline by their depfiles
+        self._toolkits: dict[tuple[str, str], tuple[set[str], set[str]] | None] = {}
+        self._mentions: dict[tuple[str, frozenset[str]], bool] = {}
 
     def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         # Taken from the baseline even where an earlier audit ran it (a sample): each audit of a
         # unit then builds the same thing, and the samples are checked apart (run_samples).
-        if action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
+        if action.mnemonic in PREPROCESSING and action.cacheable:
+            found = self.baseline.get(shape(action, self.digester))
+            if found is not None and self._not_read(*found, action):
+                self.unread.append(action.name)
+                return found[1]
+        elif action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
             found = self.baseline.get(shape(action, self.digester))
             if found is not None and found[0].key(self.digester) != action.key(self.digester):
                 same = self._same_work(found[0], action)
@@ -129,13 +149,9 @@ class Cutoff:
             other = mine.get(mount)
             if other is None:
                 return None
-            if mount == TOOLCHAIN:  # compared once per pair of toolkits (ten thousand files)
-                pair = (base.toolchain or "", action.toolchain or "")
-                if pair[0] != pair[1]:
-                    if pair not in self._toolkits:
-                        self._toolkits[pair] = toolkit_headers_only(tree, other)
-                    if not self._toolkits[pair]:
-                        return None
+            if mount == TOOLCHAIN:
+                if base.toolchain != action.toolchain and self._toolkit_diff(base, tree, action, other) is None:
+                    return None
                 continue
             if other is tree or other.entries == tree.entries:
                 continue
@@ -150,6 +166,70 @@ class Cutoff:
                     return None
                 kind = "moved"
         return kind
+
+
+    def _toolkit_diff(self, base: Action, a: Tree, action: Action, b: Tree):
+        """toolkit_diff, once per pair of toolkits (ten thousand files each)."""
+        pair = (base.toolchain or "", action.toolchain or "")
+        if pair not in self._toolkits:
+            self._toolkits[pair] = toolkit_diff(a, b)
+        return self._toolkits[pair]
+
+    def _not_read(self, base: Action, hit: Hit, action: Action) -> bool:
+        """Whether a preprocessing step differs from its baseline counterpart only in toolkit
+        files its depfile says it did not read (see the module docstring)."""
+        if base.toolchain == action.toolchain or not base.depfiles:
+            return False
+        mine = dict(action.inputs)
+        toolkit = None
+        for mount, tree in base.inputs:
+            other = mine.get(mount)
+            if other is None:
+                return False
+            if mount == TOOLCHAIN:
+                toolkit = self._toolkit_diff(base, tree, action, other)
+                if toolkit is None:
+                    return False
+            elif not (other is tree or other.entries == tree.entries):
+                return False
+        if toolkit is None:
+            return False
+        differ, names = toolkit
+        read = []
+        for depfile in base.depfiles:
+            entry = hit.tree.entries.get(depfile)
+            if not isinstance(entry, FileEntry):
+                return False
+            read += [absolute(dep, base.cwd) for dep in parse_depfile(self.read(entry).decode(errors="replace"))]
+        if any(p[len(TOOLCHAIN) + 1:] in differ for p in read if p.startswith(TOOLCHAIN + "/")):
+            return False
+        if names:
+            if any(p.rpartition("/")[2] in names for p in read):
+                return False
+            mounts = dict(base.inputs)
+            for path in read:
+                entry = _entry(mounts, base.staged, path)
+                if entry is None or self._mention(entry, frozenset(names)):
+                    return False  # unknown, or it names a file the variant adds or removes
+        return True
+
+    def _mention(self, entry: FileEntry, names: frozenset[str]) -> bool:
+        key = (entry.digest, names)
+        if key not in self._mentions:
+            data = self.read(entry)
+            self._mentions[key] = any(n.encode() in data for n in names)
+        return self._mentions[key]
+
+
+def _entry(mounts: dict[str, Tree], staged: str | None, path: str) -> FileEntry | None:
+    """The file an action saw at an absolute sandbox path (a staged mount also at /bgraph/out)."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        for root in (mount, OUT) if mount == staged else (mount,):
+            if path.startswith(root + "/"):
+                found = mounts[mount].entries.get(path[len(root) + 1:])
+                if isinstance(found, FileEntry):
+                    return found
+    return None
 
 
 def run_samples(engine, cutoff: Cutoff) -> list[dict[str, Any]]:

@@ -76,12 +76,19 @@ srcs = ["k/fp4.cu"]
 archs = ["12.1a"]
 toolchain = "//toolchains:cuda-13.0-legacy"
 
-# A toolkit of its own: the toolchain's CCCL with a test patch laid over it, and two TUs that both
-# read the patched header (through <cuda/std/limits>); only b.cu uses what the second hunk defines.
+# A toolkit of its own: the toolchain's CCCL with a test patch and a shim header laid over it;
+# b.cu and c.cu read the patched header (through <cuda/std/limits>), only b.cu uses what the
+# second hunk defines, only c.cu asks for the shim (__has_include), d.cu reads no CCCL header.
+[tk-shim]
+kind = "genrule"
+outs = ["tk_shim.h"]
+cmd = "echo '#define TK_SHIM 1' > $OUT/tk_shim.h"
+
 [cccl-t]
 kind = "patched_tree"
 src = "//toolchains:cccl"
 patches = ["patches/tc/*.patch"]
+add = { include = ":tk-shim" }
 
 [tk]
 kind = "cuda_toolchain"
@@ -91,7 +98,7 @@ overlay = ":cccl-t"
 
 [tk-user]
 kind = "cuda_library"
-srcs = ["k/b.cu", "k/c.cu"]
+srcs = ["k/b.cu", "k/c.cu", "k/d.cu"]
 archs = ["12.1a"]
 toolchain = ":tk"
 """
@@ -114,7 +121,14 @@ __global__ void b(float* x) {
 }
 """
 TK_C = """#include <cuda/std/limits>
-__global__ void c(int* x) { x[0] = cuda::std::numeric_limits<int>::max(); }
+#if __has_include(<tk_shim.h>)
+#define C_VAL 2
+#else
+#define C_VAL 1
+#endif
+__global__ void c(int* x) { x[0] = cuda::std::numeric_limits<int>::max() / C_VAL; }
+"""
+TK_D = """__global__ void d(int* x) { x[0] = 1; }
 """
 
 
@@ -145,7 +159,7 @@ def toolkit_report(ws) -> dict:
     built = ws.build("//toolchains:cccl")
     assert built.rc == 0, built.output
     version_h = (ws.root / "bgraph-out/toolchains/cccl" / VERSION_H).read_text()
-    ws.write({"k/b.cu": TK_B, "k/c.cu": TK_C, TK: toolkit_patch(version_h)})
+    ws.write({"k/b.cu": TK_B, "k/c.cu": TK_C, "k/d.cu": TK_D, TK: toolkit_patch(version_h)})
     run = ws.cli("audit", "--json", "//t:tk-user", timeout=900)
     assert run.rc == 0, run.output
     return run.json
@@ -226,8 +240,8 @@ def test_a_variant_costs_what_its_hunk_touches_and_a_second_audit_nothing(ws, re
 
 
 def test_a_toolkit_hunk_costs_the_preprocessing_it_reaches(toolkit_report):
-    """A hunk in a toolkit header re-runs the preprocessing of the TUs (both read the header), not
-    their compile steps where those would do the baseline's work again: the other TU's cicc,
+    """A hunk in a toolkit header re-runs the preprocessing of the TUs that read the header (b.cu,
+    c.cu; not d.cu), not their compile steps where those would do the baseline's work again: cicc,
     ptxas, cudafe++, host compile come from the baseline, one of each kind runs as the check."""
     moved = hunk(toolkit_report, f"{TK}#1")
     assert moved["verdict"] == "dead" and moved["tus"] == [] and moved["outputs"] == []
@@ -237,6 +251,7 @@ def test_a_toolkit_hunk_costs_the_preprocessing_it_reaches(toolkit_report):
     for step in ("CudaCicc", "CudaPtxas", "CudaFrontend", "CudaHostCompile", "CudaFatbinary"):
         assert steps.get(step, 0) <= 1, steps  # at most the sample; before the cutoff: 2 of each
     assert moved["cost"]["substituted"] >= 5, moved["cost"]
+    assert moved["cost"]["unread"] == 2, moved["cost"]  # d.cu's preprocessing: its depfiles name no CCCL file
     samples = moved["cost"]["samples"]  # one of each kind taken from the baseline ran, and agreed
     assert {s["mnemonic"] for s in samples} >= {"CudaCicc", "CudaPtxas", "CudaHostCompile"}
     assert all(s["same"] for s in samples), samples
@@ -248,9 +263,18 @@ def test_a_toolkit_hunk_costs_the_preprocessing_it_reaches(toolkit_report):
     assert live["cost"]["steps"].get("CudaCicc", 0) >= 1 and live["cost"]["substituted"] >= 1
 
 
-@pytest.mark.slow
+def test_a_header_the_toolkit_adds_reaches_only_the_tus_that_name_it(toolkit_report):
+    """No depfile names a header found by `__has_include`: a TU that mentions the added header's
+    name is preprocessed again (c.cu, live), the others' preprocessing comes from the baseline."""
+    shim = hunk(toolkit_report, "//t:cccl-t add include")
+    assert shim["verdict"] == "live" and shim["tus"] == ["k/c.cu"], shim
+    steps = shim["cost"]["steps"]
+    assert steps.get("CudaDevicePreprocess") == 1 and steps.get("CudaHostPreprocess") == 1, steps
+    assert shim["cost"]["unread"] == 4, shim["cost"]
+
+
 def test_the_cutoff_agrees_with_building_every_step(ws, toolkit_report):
-    """The same audit with every step built (half a minute more)."""
+    """The same audit with every step built: the same verdicts, TUs, archs and output files."""
     from build_graph.audit import Audit, AuditOptions
     from build_graph.labels import parse_label
 
@@ -258,9 +282,9 @@ def test_the_cutoff_agrees_with_building_every_step(ws, toolkit_report):
     keys = ("verdict", "tus", "archs", "host", "outputs")
     assert [{k: u[k] for k in keys} for p in full["patches"] for u in p["units"]] == \
         [{k: u[k] for k in keys} for p in toolkit_report["patches"] for u in p["units"]]
-    # Without it both TUs' cicc run (less the sample the first audit ran and filed).
+    # Without it every TU's cicc runs (less the sample the first audit ran and filed).
     sampled = sum(s["ran"] for s in hunk(toolkit_report, f"{TK}#1")["cost"]["samples"] if s["mnemonic"] == "CudaCicc")
-    assert hunk(full, f"{TK}#1")["cost"]["steps"]["CudaCicc"] == 2 - sampled
+    assert hunk(full, f"{TK}#1")["cost"]["steps"]["CudaCicc"] == 3 - sampled
     assert full["cost"]["substituted"] == 0
 
 
