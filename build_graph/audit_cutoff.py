@@ -70,11 +70,13 @@ class Recorder:
 
     def __init__(self, inner, digester):
         self.inner, self.digester = inner, digester
-        self.outcomes: dict[str, tuple[Action, Hit]] = {}
+        # Shape -> every step of that shape: two TUs of one file name (vLLM's marlin/ and
+        # moe/marlin_moe_wna16/ sm80_kernel_*.cu) give ptxas and fatbinary steps of one shape.
+        self.outcomes: dict[str, list[tuple[Action, Hit]]] = {}
 
     def _keep(self, action: Action, hit: Hit) -> None:
         if (action.mnemonic in AFTER_PREPROCESSING or action.mnemonic in PREPROCESSING) and action.cacheable:
-            self.outcomes[shape(action, self.digester)] = (action, hit)
+            self.outcomes.setdefault(shape(action, self.digester), []).append((action, hit))
 
     def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         decision = self.inner.check(action, recorded)
@@ -95,7 +97,7 @@ class Cutoff:
     """Wraps a variant's rebuilder: a miss on a step after preprocessing whose baseline
     counterpart differs only as the module docstring says is the counterpart's hit."""
 
-    def __init__(self, inner, digester, baseline: dict[str, tuple[Action, Hit]],
+    def __init__(self, inner, digester, baseline: dict[str, list[tuple[Action, Hit]]],
                  moved_only: Callable[[FileEntry, FileEntry], bool], read: Callable[[FileEntry], bytes]):
         self.inner, self.digester = inner, digester
         self.baseline, self.moved_only, self.read = baseline, moved_only, read
@@ -109,17 +111,18 @@ class Cutoff:
         # Taken from the baseline even where an earlier audit ran it (a sample): each audit of a
         # unit then builds the same thing, and the samples are checked apart (run_samples).
         if action.mnemonic in PREPROCESSING and action.cacheable:
-            found = self.baseline.get(shape(action, self.digester))
-            if found is not None and self._not_read(*found, action):
-                self.unread.append(action.name)
-                return found[1]
+            for base, hit in self.baseline.get(shape(action, self.digester), ()):
+                if self._not_read(base, hit, action):
+                    self.unread.append(action.name)
+                    return hit
         elif action.mnemonic in AFTER_PREPROCESSING and action.cacheable:
-            found = self.baseline.get(shape(action, self.digester))
-            if found is not None and found[0].key(self.digester) != action.key(self.digester):
-                same = self._same_work(found[0], action)
+            for base, hit in self.baseline.get(shape(action, self.digester), ()):
+                if base.key(self.digester) == action.key(self.digester):
+                    break  # the baseline's own step: an ordinary hit
+                same = self._same_work(base, action)
                 if same is not None:
-                    self.substituted.append((action, found[1], same == "toolkit"))
-                    return found[1]
+                    self.substituted.append((action, hit, same == "toolkit"))
+                    return hit
         return self.inner.check(action, recorded)
 
     def record(self, action: Action, tree: Tree, result) -> str:

@@ -412,3 +412,43 @@ def test_a_dependency_the_unit_removes_is_not_a_change_by_itself(tmp_path):
     other = Snapshot(True, [], {compile_: ("CudaCicc", "p2")}, {})
     changes, files = Comparer(cas).compare(base, other, {"//toolchains:cccl-patched"})
     assert [c["label"] for c in changes] == ["//t:lib"] and verdict(changes, files) == "live"
+
+
+def test_the_cutoff_matches_each_step_to_the_baseline_step_that_read_the_same_input():
+    """vLLM has sm80_kernel_*.cu both in marlin/ and in moe/marlin_moe_wna16/: their ptxas steps
+    have one command (file names, no directories), so one shape. Each variant step is matched to
+    the baseline step with its own input (the first run kept one per shape: 21 ptxas re-ran)."""
+    from build_graph.audit_cutoff import Cutoff, Recorder
+    from build_graph.model import Action, ActionResult, Digester, FileEntry, Tree
+    from build_graph.rebuilder import Hit, Miss
+    from build_graph.rules.base import TOOLCHAIN
+
+    digester = Digester("blake3")
+
+    class Cache:  # the rebuilder the audit wraps: a hit for the baseline's keys only
+        def __init__(self):
+            self.hits = {}
+
+        def check(self, action, recorded):
+            return self.hits.get(action.key(digester), Miss("new"))
+
+    def ptxas(ptx: str, toolkit: Tree) -> Action:
+        return Action(name=f"ptxas {ptx}", mnemonic="CudaPtxas", argv=("ptxas", "/bgraph/in/k.ptx"),
+                      inputs=(("/bgraph/in", Tree({"k.ptx": FileEntry(ptx, 1)})), (TOOLCHAIN, toolkit)),
+                      outputs=("k.cubin",), toolchain=toolkit.digest(digester))
+
+    toolkit = Tree({"bin/ptxas": FileEntry("p" * 64, 1), "include/cccl/a.h": FileEntry("a" * 64, 1)})
+    patched = Tree({"bin/ptxas": FileEntry("p" * 64, 1), "include/cccl/a.h": FileEntry("b" * 64, 1)})
+    cache, base = Cache(), Recorder(None, digester)
+    base.inner = cache
+    hits = {}
+    for ptx in ("1" * 64, "2" * 64):
+        action = ptxas(ptx, toolkit)
+        hits[ptx] = cache.hits[action.key(digester)] = Hit(ActionResult(ptx, 0, "", "", 1.0), Tree(), action.name)
+        assert base.check(action, lambda: None) is hits[ptx]
+    cutoff = Cutoff(Cache(), digester, base.outcomes, lambda a, b: False, lambda e: b"")
+    for ptx in ("1" * 64, "2" * 64):
+        assert cutoff.check(ptxas(ptx, patched), lambda: None) is hits[ptx]
+    assert isinstance(cutoff.check(ptxas("3" * 64, patched), lambda: None), Miss)  # other work: runs
+    outside = Tree({**patched.entries, "bin/ptxas": FileEntry("q" * 64, 1)})  # not a header: runs
+    assert isinstance(cutoff.check(ptxas("1" * 64, outside), lambda: None), Miss)
