@@ -204,8 +204,13 @@ class Cutoff:
             if not isinstance(entry, FileEntry):
                 return False
             read += [absolute(dep, base.cwd) for dep in parse_depfile(self.read(entry).decode(errors="replace"))]
-        if any(p[len(TOOLCHAIN) + 1:] in differ for p in read if p.startswith(TOOLCHAIN + "/")):
-            return False
+        toolkit_tree = dict(base.inputs)[TOOLCHAIN]
+        for path in read:
+            if path.startswith(TOOLCHAIN + "/"):
+                rel = path[len(TOOLCHAIN) + 1:]
+                # A file that differs, or one read through a symlink (its file cannot be told).
+                if rel in differ or not isinstance(toolkit_tree.entries.get(rel), FileEntry):
+                    return False
         if names:
             if any(p.rpartition("/")[2] in names for p in read):
                 return False
