@@ -380,7 +380,9 @@ def test_audit_of_the_legacy_vllm_wheel_agrees_with_domain(ws):
     assert hunk(report, f"{e2m1}#1")["verdict"] == "breaks the build"  # the helper the others call
     archs = hunk(report, "patches/legacy-dgx/vllm/0001-cuda-supported-archs-add-12.1.patch#1")
     assert archs["verdict"] == "live"  # without 12.1 supported, every TU builds 12.0f instead of 12.1a
-    assert archs["archs_only_with"] == ["121a"] and archs["archs_only_without"] == ["120f"]
+    # Measured on the whole wheel (BENCHMARKS.md): the generic kernels fall back to plain 12.0,
+    # the family-gated ones to 12.0f.
+    assert archs["archs_only_with"] == ["121a"] and archs["archs_only_without"] == ["120", "120f"]
     for u in [u for p in report["patches"] for u in p["units"]]:
         if "arch-lists" in u["id"] or "cccl" in u["id"] or u["id"].endswith(" add include"):
             assert u["verdict"] == "dead", u  # 12.1f beside 12.0f, the 12.8 branch, the CCCL patch, the shim
