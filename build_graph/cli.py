@@ -23,9 +23,18 @@ if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fas
 
 def cache_dir(ws: Workspace, flag: str | None) -> Path:
     """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml defaults.cache_dir, else ~/.cache/bgraph."""
-    chosen = flag or os.environ.get("BGRAPH_CACHE") or ws.model.defaults.cache_dir or "~/.cache/bgraph"
+    return _chosen_cache(flag, ws.root) or _under(ws.root, ws.model.defaults.cache_dir or "~/.cache/bgraph")
+
+
+def _chosen_cache(flag: str | None, root: Path) -> Path | None:
+    """The cache named by --cache-dir or $BGRAPH_CACHE (known before WORKSPACE.toml is read), if any."""
+    chosen = flag or os.environ.get("BGRAPH_CACHE")
+    return _under(root, chosen) if chosen else None
+
+
+def _under(root: Path, chosen: str) -> Path:
     path = Path(os.path.expanduser(chosen))
-    return path if path.is_absolute() else ws.root / path
+    return path if path.is_absolute() else root / path
 
 
 def default_max_mem_mb() -> int:
@@ -34,11 +43,11 @@ def default_max_mem_mb() -> int:
 
 
 def _workspace(args) -> Workspace:
+    from build_graph.roots import workspace_root
     from build_graph.store import parsed
-    from build_graph.workspace import find_root, load
+    from build_graph.workspace import load
 
-    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
-    return parsed.load(root, load)
+    return parsed.load(workspace_root(args.workspace), load)
 
 
 def cmd_build(args, console: Console) -> int:
@@ -53,7 +62,7 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.report import RichReporter, print_summary
     from build_graph.workspace import host_platform, remote_settings
 
-    recording = noop.Recording(*asked, skip=_flag_cache(args)) if asked is not None else None
+    recording = noop.Recording(*asked, skip=_flag_cache(args, asked[0])) if asked is not None else None
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()
@@ -130,11 +139,11 @@ def cmd_build(args, console: Console) -> int:
     return 0 if summary["ok"] else 1
 
 
-def _flag_cache(args) -> tuple[str, ...]:
+def _flag_cache(args, root: Path) -> tuple[str, ...]:
     """The cache directory chosen without reading WORKSPACE.toml (flag, environment), which the
     workspace scan leaves out; one named in WORKSPACE.toml is left out after loading it."""
-    chosen = args.cache_dir or os.environ.get("BGRAPH_CACHE")
-    return (str(Path(os.path.expanduser(chosen)).resolve()),) if chosen else ()
+    chosen = _chosen_cache(args.cache_dir, root)
+    return (os.path.realpath(chosen),) if chosen else ()
 
 
 def _other_cache(ws: Workspace, text: str) -> Path:
@@ -174,7 +183,7 @@ def _answered(command: str, args, parts: dict, compute) -> int:
     if replayed is not None:
         sys.stdout.write(replayed[0])
         return replayed[1]
-    recording = noop.Recording(*asked, skip=_flag_cache(args))
+    recording = noop.Recording(*asked, skip=_flag_cache(args, asked[0]))
     ws = _workspace(args)
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from build_graph.roots import find_root, user_config_path
+from build_graph.roots import user_config_path, workspace_root
 from build_graph.store import uptodate
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def request(args) -> tuple[Path, str] | None:
     take the full path whatever changed (a dry run, --check, --json, --profile, uploads)."""
     if any(getattr(args, flag, None) for flag in _FULL_PATH_FLAGS):
         return None
-    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
+    root = workspace_root(args.workspace)
     parts = {
         "root": str(root), "cwd": os.getcwd(), "targets": args.targets, "platform": args.platform,
         "host_platform": args.host_platform, "machine": platform.machine(), "cache_dir": args.cache_dir,
@@ -108,7 +108,7 @@ class Recording:
 
 def answer_request(args, command: str, parts: dict[str, Any]) -> tuple[Path, str]:
     """The root and record name of a command whose answer is a function of the workspace alone."""
-    root = Path(args.workspace).resolve() if args.workspace else find_root(Path.cwd())
+    root = workspace_root(args.workspace)
     return root, uptodate.request_digest({"command": command, "root": str(root), "cwd": os.getcwd(), **parts})
 
 

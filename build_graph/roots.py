@@ -17,6 +17,11 @@ def find_root(start: Path) -> Path:
     raise LoadError("no WORKSPACE.toml here or in any parent directory", where=str(start))
 
 
+def workspace_root(flag: str | None) -> Path:
+    """-C/--workspace if given, else the nearest workspace at or above the current directory."""
+    return Path(flag).resolve() if flag else find_root(Path.cwd())
+
+
 def user_config_path() -> Path:
     """$BGRAPH_CONFIG, else $XDG_CONFIG_HOME/bgraph/config.toml, else ~/.config/bgraph/config.toml."""
     explicit = os.environ.get("BGRAPH_CONFIG")

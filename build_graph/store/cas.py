@@ -247,6 +247,10 @@ class LocalCas:
     def blob_path(self, digest: str) -> Path:
         return _shard(self.blobs, digest)
 
+    def _blob_str(self, digest: str) -> str:
+        """blob_path as a string, for the per-source hot paths (no pathlib objects)."""
+        return f"{self._blobs_dir}/{digest[:2]}/{digest[2:]}"
+
     def _install(self, tmp_path: str, digest: str, size: int) -> None:
         dest = self.blob_path(digest)
         # An existing copy is trusted only once verified: a corrupted one is evicted and
@@ -377,7 +381,7 @@ class LocalCas:
     def has(self, entry: FileEntry) -> bool:
         d = entry.digest
         try:
-            return os.stat(os.path.join(self._blobs_dir, d[:2], d[2:])).st_size == entry.size
+            return os.stat(self._blob_str(d)).st_size == entry.size
         except FileNotFoundError:
             return False
 
@@ -398,7 +402,7 @@ class LocalCas:
         if seen in self._verified:
             return True
         # Plain strings and os.stat: a no-op build of vLLM checks 40,000 blobs here.
-        p = f"{self._blobs_dir}/{d[:2]}/{d[2:]}"
+        p = self._blob_str(d)
         try:
             copies = [(p, d[2:], os.stat(p))]
             if entry.executable:  # materialized trees link an executable file to this copy

@@ -28,6 +28,7 @@ the scan is "racily clean", as git calls it: no record is written, so the next b
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat as stat_mod
@@ -98,10 +99,12 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
     return files
 
 
-def code_files() -> list[str]:
-    """bgraph's own source files: a change to any of them may change what a build does."""
+@functools.cache
+def code_files() -> tuple[str, ...]:
+    """bgraph's own source files: a change to any of them may change what a build does (listed
+    once per process: the kept parse and the record both stamp them)."""
     base = Path(__file__).resolve().parents[1]
-    return sorted(str(p) for p in base.rglob("*.py") if "__pycache__" not in p.parts)
+    return tuple(sorted(str(p) for p in base.rglob("*.py") if "__pycache__" not in p.parts))
 
 
 @dataclass
@@ -165,7 +168,7 @@ def holds(record: Record) -> bool:
         return False
     if any(stamp_of(p) != s for p, s in record.extra.items()):
         return False
-    if sorted(record.extra) != sorted(set(code_files()) | set(record.extra)):  # a code file was added
+    if not record.extra.keys() >= set(code_files()):  # a code file was added
         return False
     for link, target in record.links.items():
         try:
