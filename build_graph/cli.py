@@ -54,7 +54,8 @@ def cmd_build(args, console: Console) -> int:
     from build_graph import noop
 
     asked = noop.request(args)
-    if asked is not None and noop.answer(*asked, console):  # before the heavy imports: a no-op needs none
+    previous = noop.Previous(*asked) if asked is not None else None
+    if previous is not None and previous.answer(console):  # before the heavy imports: a no-op needs none
         return 0
     from build_graph.engine import BuildOptions, Engine
     from build_graph.errors import PlanError
@@ -87,6 +88,8 @@ def cmd_build(args, console: Console) -> int:
         profile=bool(args.profile))
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
+    if previous is not None:  # only file contents changed: unchanged targets are taken as they were
+        options.reuse = previous.reuse(cache)
     other_cache = _other_cache(ws, args.check_against) if args.check_against else None
     log_path = None
     if not args.json:
@@ -108,7 +111,7 @@ def cmd_build(args, console: Console) -> int:
         links = engine.link_outputs(result, ws.root / "bgraph-out")
         summary["outputs"] = {k: str(v) for k, v in links.items()}
         if recording is not None:
-            recording.finish(cache, summary, links, engine.probed_host_tools())
+            recording.finish(cache, summary, links, engine.probed_host_tools(), result.memo)
     if result.profile is not None:
         result.profile.write(profile_path)
     for err in result.failures:
@@ -432,7 +435,6 @@ def _human(n: int) -> str:
 def cmd_cache(args, console: Console) -> int:
     from build_graph.model import Digester
     from build_graph.store import upkeep
-    from build_graph.store.uptodate import bump_generation
 
     if args.action == "keygen":
         from build_graph.store.signing import generate_key
@@ -455,18 +457,14 @@ def cmd_cache(args, console: Console) -> int:
         return 0
     out = _stdout()
     if args.action == "gc":
-        r = upkeep.collect(layout, digester, args.max_size)
-        if r.entries_removed or r.blobs_removed or r.nodes_removed or r.trees_removed:
-            bump_generation(layout)
+        r = upkeep.collect(layout, digester, args.max_size)  # bumps the cache's generation if it removed anything
         out.print(f"removed {r.entries_removed} action-cache entries, {r.blobs_removed} blobs, "
                   f"{r.nodes_removed} directory nodes and {r.trees_removed} materialized trees; "
                   f"blobs {_human(r.bytes_before)} -> {_human(r.bytes_after)}; kept {r.entries_kept} entries"
                   + (f" ({r.held_by_builds} held by {r.running_builds} running build(s))"
                      if r.running_builds else ""), highlight=False)
         return 0
-    r = upkeep.verify(layout, digester, repair=args.repair)
-    if r.repaired and not r.clean:
-        bump_generation(layout)
+    r = upkeep.verify(layout, digester, repair=args.repair)  # and so does a repair
     out.print(f"checked {r.blobs_checked} blobs, {r.nodes_checked} directory nodes, "
               f"{r.entries_checked} action-cache entries, {r.trees_checked} materialized trees", highlight=False)
     for what, items in (("corrupt blob", r.corrupt_blobs), ("corrupt directory node", r.corrupt_nodes),

@@ -27,6 +27,7 @@ from build_graph.scheduler import Scheduler
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
+from build_graph.store.memo import Entry
 from build_graph.store.peaks import Peaks
 from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.trace import Trace, trace_bytes
@@ -60,6 +61,7 @@ class BuildOptions:
     platform: str | None = None  # --platform: every target's target platform (else its own, else exec_platform)
     exec_platform: str = field(default_factory=host_platform)  # where actions run (another: plan only)
     profile: bool = False  # collect the build's timeline (--profile)
+    reuse: Any = None  # a store.memo.Reuse: targets the last build of this request left as they are
 
 
 @dataclass
@@ -72,6 +74,8 @@ class BuildResult:
     unplanned: list[configs.Configured] = field(default_factory=list)  # --dry-run: targets waiting on a miss
     remote: dict[str, Any] | None = None  # what the remote cache did, when one is configured
     profile: Profile | None = None  # the timeline, under --profile
+    memo: dict[str, Any] = field(default_factory=dict)  # str(target) -> store.memo.Entry, for the next build
+    reused: int = 0  # targets taken from the last build's memo, unplanned
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
@@ -92,6 +96,7 @@ class BuildResult:
             "actions": [dict(r.__dict__) for r in self.records],
             "errors": [e.render() for e in self.failures],
             **({"targets_unplanned": [str(t) for t in self.unplanned]} if self.unplanned else {}),
+            **({"targets_reused": self.reused} if self.reused else {}),
             **({"remote": self.remote} if self.remote is not None else {}),
             **({"profile": self.profile.summary(self.wall_s)} if self.profile is not None else {}),
         }
@@ -240,6 +245,7 @@ class _TargetState:
     """One target's progress within one build."""
 
     plan: TargetPlan
+    sources: tuple[str, ...]  # its sources' workspace paths (for the memo)
     load_trace: Any  # () -> the whole trace the last build left (read on a first miss only)
     recorded_digest: str | None  # its digest, where the state file has it
     trace_actions: dict[str, Any] = field(default_factory=dict)
@@ -264,9 +270,13 @@ class _BuildRun:
         self.labels = configs.requested(engine.ws, labels, engine.options.exec_platform, engine.options.platform)
         self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order
+        self.reuse = self._reusable(engine)
         # A missing source is a load error: report it before running anything (kept for planning).
+        # A target the memo knows had these same files then (no file was added or removed).
         self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label])
-                         for label in self.order}
+                         for label in self.order if self.reuse is None or str(label) not in self.reuse.entries}
+        self.memo: dict[str, Any] = {}  # str(target) -> memo.Entry, as this build leaves it
+        self.reused = 0
         self.outputs = configs.Outputs()
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
@@ -291,6 +301,16 @@ class _BuildRun:
         # --check-sample N: re-execute N of the actions the last build recorded for these targets.
         n = engine.options.check_sample
         self.sample = engine._sample_keys(self.order, n) if n else None
+
+    @staticmethod
+    def _reusable(e: Engine):
+        """The memo this build may take targets from (store/memo.py), its action keys held first
+        so that no collection removes what a reused target's dependents will read."""
+        reuse, o = e.options.reuse, e.options
+        if reuse is None or e.variant.name or o.dry_run or o.check or e.remote is not None:
+            return None
+        e.cas.holds.hold_many("key", reuse.keys())
+        return reuse if reuse.still_valid() else None
 
     def run(self) -> BuildResult:
         start = time.monotonic()
@@ -325,7 +345,8 @@ class _BuildRun:
             self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, left))))
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
-                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile)
+                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile,
+                           self.memo, self.reused)
 
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)
@@ -366,20 +387,44 @@ class _BuildRun:
             if label not in self.remaining:
                 continue  # failed meanwhile
             self.remaining.discard(label)
+            if self.reuse is not None and self._reused(label):
+                continue
             target = e.ws.targets[label.label]
             planned = time.monotonic()
             try:
-                expanded = self.expanded.pop(label)
+                expanded = self.expanded.pop(label) if label in self.expanded else e.variant.expand(e.ws, target)
                 sources = e.variant.store(e.cas, e.ws.root, expanded)
                 plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
                                    sources, expanded, e.cas.read_bytes, e.probe_host)
-                self.targets[label] = _TargetState(plan, lambda name=str(label): e.trace.load(name),
+                self.targets[label] = _TargetState(plan, tuple(p for ps in expanded.values() for p in ps),
+                                                   lambda name=str(label): e.trace.load(name),
                                                    e.trace.digest(str(label)))
                 self._dispatch(label, plan.start())
             except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
                 self._fail(label, self._as_error(label, err))
             if self.profile is not None:
                 self.profile.plan(f"plan {label}", planned)
+
+    def _reused(self, label: Configured) -> bool:
+        """Take `label` as the last build left it, if none of its sources changed and each
+        dependency's output is the one it was built from (store/memo.py)."""
+        name = str(label)
+        entry = self.reuse.entry(name)
+        if entry is None:
+            return False
+        entries = self.reuse.entries
+        for dep in self.deps[label]:
+            was = entries.get(str(dep))
+            if was is None or self.outputs[dep] != was.output:
+                return False
+        self.outputs[label] = entry.output
+        self.memo[name] = entry
+        self.reused += 1
+        for action, mnemonic, key in entry.actions:
+            self._record(None, ActionRecord(name, action, mnemonic, key, "hit", "no input changed since the last build"))
+        self._built(label)
+        self.e.reporter.target_done(label)
+        return True
 
     def _dispatch(self, label: Configured, ready: list) -> None:
         """Check each ready action: a hit completes its slot at once (possibly readying more),
@@ -418,6 +463,8 @@ class _BuildRun:
             return
         if state.plan.output is not None and not state.running:
             self.outputs[label] = state.plan.output
+            self.memo[str(label)] = Entry(state.sources, state.plan.output,
+                                          tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records))
             self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
             encoded = trace_bytes(trace)

@@ -3,14 +3,16 @@ record before the workspace is loaded; a successful build writes the record."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import platform
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from build_graph.roots import user_config_path, workspace_root
-from build_graph.store import uptodate
+from build_graph.store import memo, uptodate
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,22 +38,44 @@ def request(args) -> tuple[Path, str] | None:
     return root, uptodate.request_digest(parts)
 
 
-def answer(root: Path, digest: str, console: Console) -> bool:
-    """If the last successful build of this request still holds, say so as a build would and
-    return True; else False (the caller builds)."""
-    start = time.monotonic()
-    record = uptodate.load(root, digest)
-    if record is None or not uptodate.holds(record):
-        return False
-    from rich.markup import escape
+class Previous:
+    """The last successful build of a request, as far as it still holds."""
 
-    s = record.summary
-    console.print(f"[green]OK[/]: executed 0, cache hits {s['actions']}, cut off 0, failed 0, "
-                  f"wall {time.monotonic() - start:.2f}s (up to date: no input changed since the last build)",
-                  highlight=False)
-    for label, link in s["outputs"].items():
-        console.print(f"[dim]{escape(label)}:[/] {escape(os.path.relpath(link))}", highlight=False)
-    return True
+    def __init__(self, root: Path, digest: str):
+        self.root, self.digest, self.started = root, digest, time.monotonic()
+        self.record = uptodate.load(root, digest)
+        # None: more than file contents changed (or no record); empty: nothing in the workspace did
+        self.changed = uptodate.changed_files(self.record) if self.record is not None else None
+
+    def answer(self, console: Console) -> bool:
+        """If nothing changed and the outputs are in place, say so as a build would and return
+        True; else False (the caller builds)."""
+        if self.changed != set() or not uptodate.outputs_hold(self.record):
+            return False
+        from rich.markup import escape
+
+        s = self.record.summary
+        console.print(f"[green]OK[/]: executed 0, cache hits {s['actions']}, cut off 0, failed 0, "
+                      f"wall {time.monotonic() - self.started:.2f}s (up to date: no input changed since the last build)",
+                      highlight=False)
+        for label, link in s["outputs"].items():
+            console.print(f"[dim]{escape(label)}:[/] {escape(os.path.relpath(link))}", highlight=False)
+        return True
+
+    def reuse(self, cache: Path) -> memo.Reuse | None:
+        """What the build may take from the last one (store/memo.py): its per-target memo, where
+        only the contents of workspace files read as sources changed."""
+        if self.changed is None or not self.record.memo:
+            return None
+        if any(p == "WORKSPACE.toml" or (p.startswith("targets/") and p.endswith(".toml")) for p in self.changed):
+            return None  # a target's definition may have changed: the memo's entries do not say
+        generation = uptodate.generation_path(cache / "v1")
+        if str(generation) not in self.record.extra:  # the memo belongs to another cache
+            return None
+        entries = memo.load(self.root, self.digest, self.record.memo)
+        if entries is None:
+            return None
+        return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)])
 
 
 class Recording:
@@ -66,8 +90,10 @@ class Recording:
         except (OSError, uptodate.Unrecordable):
             self.before = None  # nothing will be recorded: every run takes the full path
 
-    def finish(self, cache: Path, summary: dict[str, Any], links: dict[str, Path], host_tools: list[str]) -> None:
-        """Record a successful build (or drop the old record if this one cannot be recorded)."""
+    def finish(self, cache: Path, summary: dict[str, Any], links: dict[str, Path], host_tools: list[str],
+               entries: dict[str, memo.Entry] | None = None) -> None:
+        """Record a successful build (or drop the old record if this one cannot be recorded),
+        with its per-target memo where the build made one."""
         if not summary["ok"]:
             uptodate.forget(self.root, self.digest)
             return
@@ -75,13 +101,14 @@ class Recording:
         self._save(cache, [str(uptodate.generation_path(cache / "v1")), *host_tools,
                            *(os.path.realpath(p) for p in host_tools)],
                    link_targets, {"actions": summary["executed"] + summary["hits"] + summary["cut_off"],
-                                  "outputs": {label: str(link) for label, link in links.items()}})
+                                  "outputs": {label: str(link) for label, link in links.items()}}, entries)
 
     def remember(self, text: str, code: int, cache: Path) -> None:
         """Record the answer of a command that reads only the workspace (query, why)."""
         self._save(cache, [], {}, {"text": text, "code": code})
 
-    def _save(self, cache: Path, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any]) -> None:
+    def _save(self, cache: Path, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any],
+              entries: dict[str, memo.Entry] | None = None) -> None:
         uptodate.forget(self.root, self.digest)
         if self.before is None:
             return
@@ -96,14 +123,28 @@ class Recording:
         if after != before or uptodate.racy(after, self.started_ns):
             return  # edited while it ran, or too recently to trust a stamp: the next run checks
         extra_paths = [*uptodate.code_files(), str(user_config_path()), *extra_paths]
+        name = ""
+        try:
+            if entries:  # the memo first, named by its record: a record never names a memo it did not write
+                name = f"{time.time_ns()}-{os.getpid()}"
+                memo.save(self.root, self.digest, name, _volatile_marked(entries, after))
+        except (OSError, TypeError, AttributeError, pickle.PicklingError):
+            name = ""
         record = uptodate.Record(
             root=str(self.root), skip=skip, files=after,
             extra={p: uptodate.stamp_of(p) for p in extra_paths},
-            links=links, outputs=uptodate.output_stamps(links), summary=summary)
+            links=links, outputs=uptodate.output_stamps(links), summary=summary, memo=name)
         try:
             uptodate.save(self.root, self.digest, record)
         except OSError:
             pass  # a read-only bgraph-out costs the next run its speed, nothing else
+
+
+def _volatile_marked(entries: dict[str, memo.Entry], scanned: dict[str, Any]) -> dict[str, memo.Entry]:
+    """The entries, each one with a source outside the scan (whose changes no stamp shows) marked
+    never to be reused."""
+    return {label: e if all(p in scanned for p in e.sources) else dataclasses.replace(e, volatile=True)
+            for label, e in entries.items()}
 
 
 def answer_request(args, command: str, parts: dict[str, Any]) -> tuple[Path, str]:

@@ -282,7 +282,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         return
     console.print(f"{state}: executed {summary['executed']}, cache hits {summary['hits']}, "
                   f"cut off {summary['cut_off']}, failed {summary['failed']}, wall {summary['wall_s']:.2f}s"
-                  + (f", actions' CPU {summary['cpu_s']:.1f}s" if summary.get("cpu_s") else ""), highlight=False)
+                  + (f", actions' CPU {summary['cpu_s']:.1f}s" if summary.get("cpu_s") else "")
+                  + (f" ({summary['targets_reused']} target(s) unchanged since the last build, not replanned)"
+                     if summary.get("targets_reused") else ""), highlight=False)
     if "remote" in summary:
         r = summary["remote"]
         console.print(f"remote cache: {r['hits']} hits, {r['misses']} misses, {r['ignored']} ignored, "

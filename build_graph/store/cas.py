@@ -431,7 +431,9 @@ class LocalCas:
 
     def evict(self, digest: str) -> None:
         """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
+        from build_graph.store.uptodate import bump_generation
         evict_blob(self.layout_root, self.blob_path(digest))
+        bump_generation(self.layout_root)  # the cache lost something: no record or memo of it holds
         self._verified.discard(digest)
         self._verified.discard(digest + ".x")
         self._refreshed.discard(digest)

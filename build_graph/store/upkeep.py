@@ -23,6 +23,7 @@ from build_graph.model import Digester
 from build_graph.store.atomic import write_json
 from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.json_table import JsonTable
+from build_graph.store.uptodate import bump_generation
 from build_graph.store.cas import discard_tree, evict_blob, hash_file, restamp_linked, rmtree, stat_stamp
 from build_graph.store.lease import LiveBuilds, gc_lock_path, live_builds
 
@@ -271,6 +272,10 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
             if digest not in keep_nodes and ctime < horizon:
                 path.unlink(missing_ok=True)
                 report.nodes_removed += 1
+        if report.entries_removed or report.blobs_removed or report.nodes_removed or report.trees_removed:
+            # Still under the lock: a build that holds keys after this sees the new generation
+            # (a build that reuses targets from its memo checks it then: store/memo.py).
+            bump_generation(layout_root)
     return report
 
 
@@ -363,6 +368,8 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                 report.bad_trees.append(t.name)
                 if repair:
                     discard_tree(layout_root, t, held)
+        if repair and not report.clean:
+            bump_generation(layout_root)  # under the lock, as in collect
     return report
 
 

@@ -118,6 +118,7 @@ class Record:
     links: dict[str, str]  # requested target -> its bgraph-out link's target
     outputs: dict[str, Stamp]  # absolute path -> stamp, for every file under those link targets
     summary: dict[str, Any] = field(default_factory=dict)  # counts and the link of each label, as printed
+    memo: str = ""  # the name of the per-target memo written with this record (store/memo.py), if any
     python: str = sys.version
     format: int = FORMAT
 
@@ -164,24 +165,38 @@ def load(root: Path, digest: str) -> Record | None:
 
 def holds(record: Record) -> bool:
     """Whether nothing the recorded build read has changed and its outputs are still in place."""
-    if record.python != sys.version:
-        return False
-    if any(stamp_of(p) != s for p, s in record.extra.items()):
-        return False
-    if not record.extra.keys() >= set(code_files()):  # a code file was added
-        return False
+    return outputs_hold(record) and changed_files(record) == set()
+
+
+def outputs_hold(record: Record) -> bool:
+    """Whether each requested target's bgraph-out link and the files it leads to are as recorded."""
     for link, target in record.links.items():
         try:
             if os.readlink(link) != target:
                 return False
         except OSError:
             return False
-    if any(stamp_of(p) != s for p, s in record.outputs.items()):
-        return False
+    return all(stamp_of(p) == s for p, s in record.outputs.items())
+
+
+def changed_files(record: Record) -> set[str] | None:
+    """The workspace files (relative paths) whose stamps changed since the record; None where
+    more than the contents of files changed: a file added or removed, bgraph's code, Python, the
+    user's config, a probed host tool, or the cache's generation (something was collected)."""
+    if record.python != sys.version:
+        return None
+    if any(stamp_of(p) != s for p, s in record.extra.items()):
+        return None
+    if not record.extra.keys() >= set(code_files()):  # a code file was added
+        return None
     try:
-        return scan(Path(record.root), tuple(record.skip)) == record.files
+        now = scan(Path(record.root), tuple(record.skip))
     except (OSError, Unrecordable):
-        return False
+        return None
+    if now.keys() != record.files.keys():
+        return None
+    files = record.files
+    return {p for p, s in now.items() if files[p] != s}
 
 
 def racy(files: dict[str, Stamp], scanned_at_ns: int) -> str | None:

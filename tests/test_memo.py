@@ -1,0 +1,144 @@
+"""The per-target memo (store/memo.py, noop.Previous.reuse, engine._BuildRun._reused): after an
+edit of file contents only, targets none of whose sources changed and whose dependencies'
+outputs are as they were are taken from the last build unplanned; anything else takes the full
+path, and the outputs are always those a full build gives."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+from bgraph_testlib import requires_bwrap
+from test_noop import age, build
+
+from build_graph import noop
+from build_graph.model import FileEntry, TargetOutput, Tree
+from build_graph.store import memo, uptodate
+
+pytestmark = requires_bwrap
+
+FILES = {
+    "a.txt": "b\na\n",
+    "c.txt": "c\n",
+    "README": "not read by any target\n",
+    "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["a.txt"]\nouts = ["a.txt"]\n'
+                      'cmd = "sort -u $SRC/a.txt > $OUT/a.txt"\n\n'
+                      '[b]\nkind = "genrule"\nouts = ["b.txt"]\ndeps = { a = ":a" }\n'
+                      'cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"\n\n'
+                      '[c]\nkind = "genrule"\nsrcs = ["c.txt"]\nouts = ["c.txt"]\n'
+                      'cmd = "cp $SRC/c.txt $OUT/c.txt"\n\n'
+                      '[top]\nkind = "genrule"\nouts = ["top.txt"]\ndeps = { b = ":b", c = ":c" }\n'
+                      'cmd = "cat $IN_B/b.txt $IN_C/c.txt > $OUT/top.txt"\n',
+}
+
+
+def reused(run) -> int:
+    """How many targets the build took from the memo (its summary line says, when any)."""
+    line = next(l for l in run.stderr.splitlines() if "executed" in l)
+    return int(line.split("(")[1].split()[0]) if "unchanged since the last build" in line else 0
+
+
+def edited(ws, files: dict[str, str]):
+    """Edit `files` (dated 20 s back: another stamp, old enough to be recorded) and build."""
+    ws.write(files)
+    past = time.time() - 20
+    for name in files:
+        os.utime(ws.root / name, (past, past))
+    return build(ws, "//p:top")
+
+
+def ready(make_ws):
+    ws = make_ws(FILES)
+    age(ws.root)
+    first = build(ws, "//p:top")
+    assert "executed 4" in first.stderr and reused(first) == 0
+    return ws
+
+
+def test_an_edit_replans_only_what_it_reaches(make_ws):
+    ws = ready(make_ws)
+    run = edited(ws, {"c.txt": "C\n"})
+    # :c and :top ran; :a, :b and the shell toolchain were taken as they were (neither planned nor looked up)
+    assert "executed 2" in run.stderr and reused(run) == 3, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nC\n"
+    run = edited(ws, {"a.txt": "x\ny\nz\n"})
+    assert "executed 3" in run.stderr and reused(run) == 2  # :a, :b, :top; :c and the toolchain reused
+    assert ws.read_output("//p:top", "top.txt") == "3\nC\n"
+
+
+def test_an_output_that_did_not_change_cuts_off_its_dependents(make_ws):
+    ws = ready(make_ws)
+    run = edited(ws, {"a.txt": "a\nb\na\n"})  # sorted and unique: the same a.txt
+    assert "executed 1" in run.stderr and reused(run) == 4, run.stderr  # :a ran; :b, :c, :top reused
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\n"
+
+
+def test_a_file_no_target_reads_changes_nothing(make_ws):
+    ws = ready(make_ws)
+    run = edited(ws, {"README": "edited\n"})
+    assert "executed 0" in run.stderr and reused(run) == 5
+
+
+def test_an_edited_target_file_or_added_file_takes_the_full_path(make_ws):
+    ws = ready(make_ws)
+    toml = FILES["targets/p.toml"].replace("cp $SRC/c.txt", "cat $SRC/c.txt $SRC/c.txt >")
+    run = edited(ws, {"targets/p.toml": toml.replace("$OUT/c.txt\"", "$OUT/c.txt\"", 1)})
+    assert reused(run) == 0 and "executed 2" in run.stderr, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\nc\n"
+    run = edited(ws, {"new.txt": "added\n", "c.txt": "d\n"})
+    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nd\nd\n"
+
+
+def test_a_collected_cache_takes_the_full_path(make_ws):
+    ws = ready(make_ws)
+    build(ws, "//p:c")  # another request: :top's output stays rooted, :a's and :b's do not
+    gc = ws.cli("cache", "gc")
+    assert gc.rc == 0 and "removed 0 action-cache entries, 0 blobs" not in gc.stdout, gc.output
+    run = edited(ws, {"c.txt": "e\n"})
+    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ne\n"
+
+
+def test_a_damaged_or_foreign_memo_is_ignored(make_ws):
+    ws = ready(make_ws)
+    [path] = (ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.memo")
+    path.write_bytes(b"\x80not a pickle")
+    run = edited(ws, {"c.txt": "f\n"})
+    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nf\n"
+    # a memo written for another record (a crash between the two writes) is not used either
+    [path] = (ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.memo")
+    _fmt, _name, entries = pickle.loads(path.read_bytes())
+    path.write_bytes(pickle.dumps((memo.FORMAT, "another-record", entries)))
+    run = edited(ws, {"c.txt": "g\n"})
+    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ng\n"
+
+
+def _entry(*sources: str) -> memo.Entry:
+    tree = Tree({"o": FileEntry("0" * 64, 1)})
+    return memo.Entry(sources, TargetOutput(tree), (("run", "Genrule", "k" * 64),))
+
+
+def test_a_collection_after_the_check_stops_the_reuse(tmp_path):
+    generation = uptodate.generation_path(tmp_path)
+    uptodate.bump_generation(tmp_path)
+    reuse = memo.Reuse({"//p:a": _entry("a.txt")}, {"b.txt"}, generation, uptodate.stamp_of(generation))
+    assert reuse.still_valid() and reuse.entry("//p:a") is not None and reuse.keys() == ["k" * 64]
+    uptodate.bump_generation(tmp_path)  # `cache gc` removed something in between
+    assert not reuse.still_valid()
+
+
+def test_an_entry_is_reused_only_while_its_sources_and_the_scan_allow(tmp_path):
+    entries = {"//p:a": _entry("a.txt"), "//p:v": _entry("__pycache__/x.pyc")}
+    marked = noop._volatile_marked(entries, {"a.txt": [1, 2, 3]})
+    assert not marked["//p:a"].volatile and marked["//p:v"].volatile  # its source is outside the scan
+    reuse = memo.Reuse(marked, {"a.txt"}, tmp_path / "generation", None)
+    assert reuse.entry("//p:a") is None and reuse.entry("//p:v") is None
+    assert memo.Reuse(marked, {"c.txt"}, tmp_path / "generation", None).entry("//p:a") is marked["//p:a"]
+
+
+def test_a_memo_is_read_only_by_the_record_that_names_it(tmp_path):
+    memo.save(tmp_path, "d" * 32, "one", {"//p:a": _entry("a.txt")})
+    assert memo.load(tmp_path, "d" * 32, "one")["//p:a"].sources == ("a.txt",)
+    assert memo.load(tmp_path, "d" * 32, "two") is None and memo.load(tmp_path, "d" * 32, "") is None
+    assert isinstance(memo.path(tmp_path, "d" * 32), Path)
