@@ -120,8 +120,8 @@ class Recording:
             after = uptodate.scan(self.root, tuple(skip))
         except (OSError, uptodate.Unrecordable):
             return
-        if after != before or uptodate.racy(after, self.started_ns):
-            return  # edited while it ran, or too recently to trust a stamp: the next run checks
+        if after != before:
+            return  # edited while it ran: the next run checks everything
         extra_paths = [*uptodate.code_files(), str(user_config_path()), *extra_paths]
         name = ""
         try:
@@ -131,7 +131,7 @@ class Recording:
         except (OSError, TypeError, AttributeError, pickle.PicklingError):
             name = ""
         record = uptodate.Record(
-            root=str(self.root), skip=skip, files=after,
+            root=str(self.root), skip=skip, files=after, racy=uptodate.racy(after, self.started_ns),
             extra={p: uptodate.stamp_of(p) for p in extra_paths},
             links=links, outputs=uptodate.output_stamps(links), summary=summary, memo=name)
         try:

@@ -91,6 +91,17 @@ def test_an_edited_target_file_or_added_file_takes_the_full_path(make_ws):
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nd\nd\n"
 
 
+def test_a_build_just_after_an_edit_keeps_the_reuse_for_the_next(make_ws):
+    ws = ready(make_ws)
+    ws.write({"c.txt": "h\n"})  # written now: its stamp cannot be trusted yet ("racily clean")
+    run = build(ws, "//p:top")
+    assert "executed 2" in run.stderr and reused(run) == 3, run.stderr
+    # Recorded, with c.txt as always changed: only :c is checked again (a hit), the rest is reused.
+    run = build(ws, "//p:top")
+    assert "up to date" not in run.stderr and "executed 0" in run.stderr and reused(run) == 4, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nh\n"
+
+
 def test_a_collected_cache_takes_the_full_path(make_ws):
     ws = ready(make_ws)
     build(ws, "//p:c")  # another request: :top's output stays rooted, :a's and :b's do not

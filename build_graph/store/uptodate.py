@@ -23,7 +23,8 @@ files above (the workspace and bgraph's code), from pins fixed by sha256, or fro
 which is content-addressed. Two races are closed: a file edited while the build ran (the root is
 scanned before and after the build; a record is written only if both scans agree), and a file
 edited twice within one tick of the file system's clock (a file whose mtime is within RACY_S of
-the scan is "racily clean", as git calls it: no record is written, so the next build checks).
+the scan is "racily clean", as git calls it: the record lists it as always changed, so the next
+build checks it and what reads it, and only that: an edit-build-edit loop keeps its record).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class Record:
     root: str
     skip: list[str]  # absolute directories the scan leaves out (the cache, when inside the root)
     files: dict[str, Stamp]  # the workspace scan
+    racy: list[str]  # scanned files modified within RACY_S of the scan: always taken as changed
     extra: dict[str, Stamp | None]  # absolute path -> stamp: code, config, host tools, the cache's generation
     links: dict[str, str]  # requested target -> its bgraph-out link's target
     outputs: dict[str, Stamp]  # absolute path -> stamp, for every file under those link targets
@@ -196,13 +198,14 @@ def changed_files(record: Record) -> set[str] | None:
     if now.keys() != record.files.keys():
         return None
     files = record.files
-    return {p for p, s in now.items() if files[p] != s}
+    return {p for p, s in now.items() if files[p] != s}.union(record.racy)
 
 
-def racy(files: dict[str, Stamp], scanned_at_ns: int) -> str | None:
-    """A file modified within RACY_S before the scan (it may change again unseen), if any."""
+def racy(files: dict[str, Stamp], scanned_at_ns: int) -> list[str]:
+    """The files modified within RACY_S before the scan: each may change again without a new
+    stamp, so a record takes them as changed whatever their stamps say (git's "racily clean")."""
     limit = scanned_at_ns - int(RACY_S * 1e9)
-    return next((p for p, s in files.items() if s[1] > limit), None)
+    return [p for p, s in files.items() if s[1] > limit]
 
 
 def save(root: Path, digest: str, record: Record) -> None:
