@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
 import threading
 import time
@@ -76,6 +77,7 @@ class BuildResult:
     profile: Profile | None = None  # the timeline, under --profile
     memo: dict[str, Any] = field(default_factory=dict)  # str(target) -> store.memo.Entry, for the next build
     reused: int = 0  # targets taken from the last build's memo, unplanned
+    reused_hits: int = 0  # the actions of those not even visited (counted as hits; no record each)
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
@@ -84,7 +86,7 @@ class BuildResult:
         return {
             "ok": not self.failures,
             "executed": self.count("executed"),
-            "hits": self.count("hit"),
+            "hits": self.count("hit") + self.reused_hits,
             "cut_off": self.count("cutoff"),
             "failed": self.count("failed"),
             "would_run": self.count("would-run"),
@@ -142,7 +144,8 @@ class Engine:
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state)
-        self.dep_map = dependency_map(ws)
+        if self.options.reuse is None:  # offered only while no target file changed since a build that checked
+            dependency_map(ws)  # a cycle is an error before anything runs
         self._sandbox = None
         self._fetcher = None
         self._host_cache: dict[tuple[str, ...], tuple[HostTool, ...]] = {}
@@ -268,16 +271,23 @@ class _BuildRun:
     def __init__(self, engine: Engine, labels: list[Label]):
         self.e = engine
         self.labels = configs.requested(engine.ws, labels, engine.options.exec_platform, engine.options.platform)
-        self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
-        self.order = self.graph.order
+        self.outputs = configs.Outputs()
+        self.memo: dict[str, Any] = {}  # str(target) -> memo.Entry, as this build leaves it
+        self.reused = self.reused_hits = 0  # targets (and their actions) taken from the memo
         self.reuse = self._reusable(engine)
+        part = self.reuse.subgraph(self.labels) if self.reuse is not None else None
+        if part is not None:  # only the targets an edited source reaches are visited
+            self.graph, prebuilt, visited = part
+            self.outputs.update(prebuilt)
+            self.memo.update((n, e) for n, e in self.reuse.entries.items() if n not in visited)
+            self.reused, self.reused_hits = self.reuse.untouched(visited)
+        else:
+            self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
+        self.order = self.graph.order
         # A missing source is a load error: report it before running anything (kept for planning).
         # A target the memo knows had these same files then (no file was added or removed).
         self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label])
                          for label in self.order if self.reuse is None or str(label) not in self.reuse.entries}
-        self.memo: dict[str, Any] = {}  # str(target) -> memo.Entry, as this build leaves it
-        self.reused = 0
-        self.outputs = configs.Outputs()
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
         self.failed: set[Configured] = set()
@@ -285,9 +295,9 @@ class _BuildRun:
         self.remaining = set(self.order)  # targets not planned yet
         # Dependency counting (Kahn): a target becomes ready when its last dependency is built.
         self.deps = self.graph.deps
-        self.waiting_on = {label: set(ds) for label, ds in self.deps.items()}
+        self.waiting_on = {label: {d for d in ds if d not in self.outputs} for label, ds in self.deps.items()}
         self.dependents: dict[Configured, list[Configured]] = {label: [] for label in self.order}
-        for label, ds in self.deps.items():
+        for label, ds in self.waiting_on.items():
             for d in ds:
                 self.dependents[d].append(label)
         self.ready = deque(label for label in self.order if not self.waiting_on[label])
@@ -346,7 +356,7 @@ class _BuildRun:
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
                            unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile,
-                           self.memo, self.reused)
+                           self.memo, self.reused, self.reused_hits)
 
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)
@@ -464,7 +474,9 @@ class _BuildRun:
         if state.plan.output is not None and not state.running:
             self.outputs[label] = state.plan.output
             self.memo[str(label)] = Entry(state.sources, state.plan.output,
-                                          tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records))
+                                          tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records),
+                                          tuple(map(str, self.deps[label])),
+                                          pickle.dumps((label, self.graph.dep_labels[label]), pickle.HIGHEST_PROTOCOL))
             self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
             encoded = trace_bytes(trace)

@@ -102,6 +102,22 @@ def test_a_build_just_after_an_edit_keeps_the_reuse_for_the_next(make_ws):
     assert ws.read_output("//p:top", "top.txt") == "2\nh\n"
 
 
+def test_a_failure_among_the_visited_targets_is_reported_and_nothing_is_kept(make_ws):
+    ws = ready(make_ws)
+    toml = FILES["targets/p.toml"].replace("cp $SRC/c.txt $OUT/c.txt", "grep -v BAD $SRC/c.txt > $OUT/c.txt")
+    ws.write({"targets/p.toml": toml, "c.txt": "c\n"})
+    age(ws.root, 25)
+    build(ws, "//p:top")  # the full path (a target file changed), recorded
+    run = ws.cli("build", "//p:top")
+    assert "up to date" in run.stderr
+    ws.write({"c.txt": "BAD\n"})  # grep selects nothing: :c fails
+    failed = ws.cli("build", "//p:top")
+    assert failed.rc != 0 and ":c" in failed.stderr, failed.output
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\n"  # the last good output stays linked
+    run = edited(ws, {"c.txt": "fine\n"})
+    assert ws.read_output("//p:top", "top.txt") == "2\nfine\n" and "executed 2" in run.stderr, run.stderr
+
+
 def test_a_collected_cache_takes_the_full_path(make_ws):
     ws = ready(make_ws)
     build(ws, "//p:c")  # another request: :top's output stays rooted, :a's and :b's do not

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
+from graphlib import TopologicalSorter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from build_graph.store.atomic import write_bytes
 from build_graph.store.uptodate import RECORD_DIR
@@ -44,6 +45,8 @@ class Entry:
     sources: tuple[str, ...]  # workspace paths of its sources (globs expanded)
     output: TargetOutput
     actions: tuple[tuple[str, str, str], ...]  # (name, mnemonic, key) of each action it took
+    deps: tuple[str, ...] = ()  # its configured dependencies
+    node: bytes = b""  # pickled (configs.Configured, its configured edges): unpickled only if it is planned again
     volatile: bool = False  # a source the stamps cannot see: never reused
 
 
@@ -91,6 +94,54 @@ class Reuse:
         if e is None or e.volatile or (self.changed and not self.changed.isdisjoint(e.sources)):
             return None
         return e
+
+    def affected(self) -> set[str]:
+        """The targets a changed source reaches: those reading one (or a volatile source), and
+        everything that depends on them. The rest are taken as they were, unvisited."""
+        changed, todo = self.changed, []
+        for name, e in self.entries.items():
+            if e.volatile or not changed.isdisjoint(e.sources):
+                todo.append(name)
+        if not todo:
+            return set()
+        dependents: dict[str, list[str]] = {}
+        for name, e in self.entries.items():
+            for d in e.deps:
+                dependents.setdefault(d, []).append(name)
+        seen = set(todo)
+        while todo:
+            for up in dependents.get(todo.pop(), ()):
+                if up not in seen:
+                    seen.add(up)
+                    todo.append(up)
+        return seen
+
+    def subgraph(self, requested: list) -> tuple[Any, dict, set[str]] | None:
+        """The part of the configured graph a build must visit (configs.ConfiguredGraph over the
+        affected targets), the outputs of the targets it reads and does not visit, and the names
+        of those visited; None where the memo does not cover the request."""
+        from build_graph.configs import ConfiguredGraph
+
+        if any(str(r) not in self.entries for r in requested):
+            return None
+        names = self.affected()
+        entries = self.entries
+        if any(not entries[n].node for n in names):
+            return None
+        deps, dep_labels = {}, {}
+        for name in names:
+            node, edges = pickle.loads(entries[name].node)
+            dep_labels[node] = edges
+            deps[node] = list(dict.fromkeys(edges.values()))
+        order = list(TopologicalSorter({n: [d for d in ds if str(d) in names] for n, ds in deps.items()}).static_order())
+        known = {str(d): d for ds in deps.values() for d in ds} | {str(r): r for r in requested}
+        prebuilt = {c: entries[n].output for n, c in known.items() if n not in names}
+        return ConfiguredGraph(order, deps, dep_labels), prebuilt, names
+
+    def untouched(self, names: set[str]) -> tuple[int, int]:
+        """(targets, actions) of the memo that a build visiting `names` takes as they were."""
+        rest = [e for n, e in self.entries.items() if n not in names]
+        return len(rest), sum(len(e.actions) for e in rest)
 
     def keys(self) -> list[str]:
         """Every action key the memo's targets took (held by the build before any is reused)."""
