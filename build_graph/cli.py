@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from build_graph.errors import BgraphError, disk_full
 from build_graph.labels import expand, parse_label
+from build_graph.roots import chosen_cache, under
 
 if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fast
     from rich.console import Console
@@ -23,18 +24,7 @@ if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fas
 
 def cache_dir(ws: Workspace, flag: str | None) -> Path:
     """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml defaults.cache_dir, else ~/.cache/bgraph."""
-    return _chosen_cache(flag, ws.root) or _under(ws.root, ws.model.defaults.cache_dir or "~/.cache/bgraph")
-
-
-def _chosen_cache(flag: str | None, root: Path) -> Path | None:
-    """The cache named by --cache-dir or $BGRAPH_CACHE (known before WORKSPACE.toml is read), if any."""
-    chosen = flag or os.environ.get("BGRAPH_CACHE")
-    return _under(root, chosen) if chosen else None
-
-
-def _under(root: Path, chosen: str) -> Path:
-    path = Path(os.path.expanduser(chosen))
-    return path if path.is_absolute() else root / path
+    return chosen_cache(flag, ws.root) or under(ws.root, ws.model.defaults.cache_dir or "~/.cache/bgraph")
 
 
 def default_max_mem_mb() -> int:
@@ -54,7 +44,7 @@ def cmd_build(args, console: Console) -> int:
     from build_graph import noop
 
     asked = noop.request(args)
-    previous = noop.Previous(*asked) if asked is not None else None
+    previous = noop.Previous(asked) if asked is not None else None
     if previous is not None and previous.answer(console):  # before the heavy imports: a no-op needs none
         return 0
     from build_graph.engine import BuildOptions, Engine
@@ -63,7 +53,7 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.report import RichReporter, print_summary
     from build_graph.workspace import host_platform, remote_settings
 
-    recording = noop.Recording(*asked, skip=_flag_cache(args, asked[0])) if asked is not None else None
+    recording = noop.Recording(asked, skip=_flag_cache(args, asked.root)) if asked is not None else None
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()
@@ -145,7 +135,7 @@ def cmd_build(args, console: Console) -> int:
 def _flag_cache(args, root: Path) -> tuple[str, ...]:
     """The cache directory chosen without reading WORKSPACE.toml (flag, environment), which the
     workspace scan leaves out; one named in WORKSPACE.toml is left out after loading it."""
-    chosen = _chosen_cache(args.cache_dir, root)
+    chosen = chosen_cache(args.cache_dir, root)
     return (os.path.realpath(chosen),) if chosen else ()
 
 
@@ -182,17 +172,18 @@ def _answered(command: str, args, parts: dict, compute) -> int:
     from build_graph import noop
 
     asked = noop.answer_request(args, command, parts)
-    replayed = noop.replay(*asked)
+    replayed = noop.replay(asked) if asked is not None else None
     if replayed is not None:
         sys.stdout.write(replayed[0])
         return replayed[1]
-    recording = noop.Recording(*asked, skip=_flag_cache(args, asked[0]))
+    recording = noop.Recording(asked, skip=_flag_cache(args, asked.root)) if asked is not None else None
     ws = _workspace(args)
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = compute(ws)
     sys.stdout.write(buffer.getvalue())
-    recording.remember(buffer.getvalue(), code, cache_dir(ws, args.cache_dir))
+    if recording is not None:
+        recording.remember(buffer.getvalue(), code, cache_dir(ws, args.cache_dir))
     return code
 
 

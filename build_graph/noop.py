@@ -1,5 +1,9 @@
 """`bgraph build`'s no-op check (store/uptodate.py): an unchanged request is answered from its
-record before the workspace is loaded; a successful build writes the record."""
+record before the workspace is loaded; a successful build writes the record.
+
+Records live in the cache (`<cache>/v1/uptodate/`, like Bazel's output base), not in bgraph-out/:
+a user who removes bgraph-out/ (`make clean`) gets the links back from the record at no-op cost
+when nothing else changed."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from build_graph.roots import user_config_path, workspace_root
+from build_graph.roots import records_dir, user_config_path, workspace_root
 from build_graph.store import memo, uptodate
 
 if TYPE_CHECKING:
@@ -23,41 +27,60 @@ _FULL_PATH_FLAGS = ("dry_run", "check", "check_sample", "check_against", "json",
 _ENV = ("BGRAPH_CACHE", "BGRAPH_CONFIG", "XDG_CONFIG_HOME", "HOME")
 
 
-def request(args) -> tuple[Path, str] | None:
-    """The workspace root and the record's name for this build, or None where the build must
-    take the full path whatever changed (a dry run, --check, --json, --profile, uploads)."""
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request's record: its workspace, its name, and the directory it is kept in."""
+
+    root: Path
+    digest: str
+    store: Path  # <cache>/v1/uptodate
+
+
+def request(args) -> Request | None:
+    """The record of this build, or None where the build must take the full path whatever
+    changed (a dry run, --check, --json, --profile, uploads, an unreadable WORKSPACE.toml)."""
     if any(getattr(args, flag, None) for flag in _FULL_PATH_FLAGS):
         return None
     root = workspace_root(args.workspace)
+    store = records_dir(args.cache_dir, root)
+    if store is None:
+        return None
     parts = {
         "root": str(root), "cwd": os.getcwd(), "targets": args.targets, "platform": args.platform,
         "host_platform": args.host_platform, "machine": platform.machine(), "cache_dir": args.cache_dir,
         "remote": [args.remote_cache, args.remote_signing_key, args.remote_trusted_key],
         "env": {k: os.environ.get(k) for k in _ENV},
     }
-    return root, uptodate.request_digest(parts)
+    return Request(root, uptodate.request_digest(parts), store)
 
 
 class Previous:
     """The last successful build of a request, as far as it still holds."""
 
-    def __init__(self, root: Path, digest: str):
-        self.root, self.digest, self.started = root, digest, time.monotonic()
-        self.record = uptodate.load(root, digest)
+    def __init__(self, asked: Request):
+        self.asked, self.started = asked, time.monotonic()
+        self.record = uptodate.load(asked.store, asked.digest)
         # None: more than file contents changed (or no record); empty: nothing in the workspace did
         self.changed = uptodate.changed_files(self.record) if self.record is not None else None
 
     def answer(self, console: Console) -> bool:
         """If nothing changed and the outputs are in place, say so as a build would and return
         True; else False (the caller builds)."""
-        if self.changed != set() or not uptodate.outputs_hold(self.record):
+        if self.changed != set():
+            return False
+        try:
+            restored = uptodate.restore_links(self.record)
+        except OSError:
+            restored = None
+        if restored is None:
             return False
         from rich.markup import escape
 
         s = self.record.summary
+        links = f"; {restored} output link(s) put back" if restored else ""
         console.print(f"[green]OK[/]: executed 0, cache hits {s['actions']}, cut off 0, failed 0, "
-                      f"wall {time.monotonic() - self.started:.2f}s (up to date: no input changed since the last build)",
-                      highlight=False)
+                      f"wall {time.monotonic() - self.started:.2f}s (up to date: no input changed since the last "
+                      f"build{links})", highlight=False)
         for label, link in s["outputs"].items():
             console.print(f"[dim]{escape(label)}:[/] {escape(os.path.relpath(link))}", highlight=False)
         return True
@@ -72,7 +95,7 @@ class Previous:
         generation = uptodate.generation_path(cache / "v1")
         if str(generation) not in self.record.extra:  # the memo belongs to another cache
             return None
-        entries = memo.load(self.root, self.digest, self.record.memo)
+        entries = memo.load(self.asked.store, self.asked.digest, self.record.memo)
         if entries is None:
             return None
         return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)])
@@ -82,11 +105,11 @@ class Recording:
     """Scans the workspace before a command; after it succeeded, writes the record if the
     workspace did not change while it ran."""
 
-    def __init__(self, root: Path, digest: str, skip: tuple[str, ...] = ()):
-        self.root, self.digest, self.skip = root, digest, skip
+    def __init__(self, asked: Request, skip: tuple[str, ...] = ()):
+        self.asked, self.root, self.skip = asked, asked.root, skip
         self.started_ns = time.time_ns()
         try:
-            self.before: dict[str, Any] | None = uptodate.scan(root, skip)
+            self.before: dict[str, Any] | None = uptodate.scan(self.root, skip)
         except (OSError, uptodate.Unrecordable):
             self.before = None  # nothing will be recorded: every run takes the full path
 
@@ -95,7 +118,7 @@ class Recording:
         """Record a successful build (or drop the old record if this one cannot be recorded),
         with its per-target memo where the build made one."""
         if not summary["ok"]:
-            uptodate.forget(self.root, self.digest)
+            uptodate.forget(self.asked.store, self.asked.digest)
             return
         link_targets = {str(link): os.readlink(link) for link in links.values()}
         self._save(cache, [str(uptodate.generation_path(cache / "v1")), *host_tools,
@@ -109,7 +132,7 @@ class Recording:
 
     def _save(self, cache: Path, extra_paths: list[str], links: dict[str, str], summary: dict[str, Any],
               entries: dict[str, memo.Entry] | None = None) -> None:
-        uptodate.forget(self.root, self.digest)
+        uptodate.forget(self.asked.store, self.asked.digest)
         if self.before is None:
             return
         cache_path = os.path.realpath(cache)
@@ -127,7 +150,7 @@ class Recording:
         try:
             if entries:  # the memo first, named by its record: a record never names a memo it did not write
                 name = f"{time.time_ns()}-{os.getpid()}"
-                memo.save(self.root, self.digest, name, _volatile_marked(entries, after))
+                memo.save(self.asked.store, self.asked.digest, name, _volatile_marked(entries, after))
         except (OSError, TypeError, AttributeError, pickle.PicklingError):
             name = ""
         record = uptodate.Record(
@@ -135,9 +158,9 @@ class Recording:
             extra={p: uptodate.stamp_of(p) for p in extra_paths},
             links=links, outputs=uptodate.output_stamps(links), summary=summary, memo=name)
         try:
-            uptodate.save(self.root, self.digest, record)
+            uptodate.save(self.asked.store, self.asked.digest, record)
         except OSError:
-            pass  # a read-only bgraph-out costs the next run its speed, nothing else
+            pass  # a read-only cache costs the next run its speed, nothing else
 
 
 def _volatile_marked(entries: dict[str, memo.Entry], scanned: dict[str, Any]) -> dict[str, memo.Entry]:
@@ -147,15 +170,19 @@ def _volatile_marked(entries: dict[str, memo.Entry], scanned: dict[str, Any]) ->
             for label, e in entries.items()}
 
 
-def answer_request(args, command: str, parts: dict[str, Any]) -> tuple[Path, str]:
-    """The root and record name of a command whose answer is a function of the workspace alone."""
+def answer_request(args, command: str, parts: dict[str, Any]) -> Request | None:
+    """The record of a command whose answer is a function of the workspace alone."""
     root = workspace_root(args.workspace)
-    return root, uptodate.request_digest({"command": command, "root": str(root), "cwd": os.getcwd(), **parts})
+    store = records_dir(args.cache_dir, root)
+    if store is None:
+        return None
+    return Request(root, uptodate.request_digest({"command": command, "root": str(root), "cwd": os.getcwd(),
+                                                  **parts}), store)
 
 
-def replay(root: Path, digest: str) -> tuple[str, int] | None:
+def replay(asked: Request) -> tuple[str, int] | None:
     """The recorded answer (its text and exit code), if nothing it was computed from changed."""
-    record = uptodate.load(root, digest)
+    record = uptodate.load(asked.store, asked.digest)
     if record is None or "text" not in record.summary or not uptodate.holds(record):
         return None
     return record.summary["text"], record.summary["code"]

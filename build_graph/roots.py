@@ -22,6 +22,36 @@ def workspace_root(flag: str | None) -> Path:
     return Path(flag).resolve() if flag else find_root(Path.cwd())
 
 
+def chosen_cache(flag: str | None, root: Path) -> Path | None:
+    """The cache named by --cache-dir or $BGRAPH_CACHE (known before WORKSPACE.toml is read), if any."""
+    chosen = flag or os.environ.get("BGRAPH_CACHE")
+    return under(root, chosen) if chosen else None
+
+
+def under(root: Path, chosen: str) -> Path:
+    """A configured path: `~` expanded, relative to the workspace root."""
+    path = Path(os.path.expanduser(chosen))
+    return path if path.is_absolute() else root / path
+
+
+def records_dir(flag: str | None, root: Path) -> Path | None:
+    """Where the no-op records of this workspace's builds are kept: `<cache>/v1/uptodate`, the cache
+    chosen as the build will choose it (WORKSPACE.toml's [defaults] cache_dir read with tomllib
+    alone); None where WORKSPACE.toml cannot be read (the build reports it)."""
+    cache = chosen_cache(flag, root)
+    if cache is None:
+        import tomllib
+        try:
+            with open(root / "WORKSPACE.toml", "rb") as f:
+                configured = tomllib.load(f).get("defaults", {}).get("cache_dir")
+        except (OSError, tomllib.TOMLDecodeError, AttributeError):
+            return None
+        if configured is not None and not isinstance(configured, str):
+            return None
+        cache = under(root, configured or "~/.cache/bgraph")
+    return cache / "v1" / "uptodate"
+
+
 def user_config_path() -> Path:
     """$BGRAPH_CONFIG, else $XDG_CONFIG_HOME/bgraph/config.toml, else ~/.config/bgraph/config.toml."""
     explicit = os.environ.get("BGRAPH_CONFIG")

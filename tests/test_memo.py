@@ -129,12 +129,12 @@ def test_a_collected_cache_takes_the_full_path(make_ws):
 
 def test_a_damaged_or_foreign_memo_is_ignored(make_ws):
     ws = ready(make_ws)
-    [path] = (ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.memo")
+    [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
     path.write_bytes(b"\x80not a pickle")
     run = edited(ws, {"c.txt": "f\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nf\n"
     # a memo written for another record (a crash between the two writes) is not used either
-    [path] = (ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.memo")
+    [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
     _fmt, _name, entries = pickle.loads(path.read_bytes())
     path.write_bytes(pickle.dumps((memo.FORMAT, "another-record", entries)))
     run = edited(ws, {"c.txt": "g\n"})

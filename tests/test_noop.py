@@ -35,6 +35,11 @@ def age(root: Path, seconds: float = 30) -> None:
             os.utime(os.path.join(dirpath, name), (past, past), follow_symlinks=False)
 
 
+def records(ws):
+    """The no-op records kept for this workspace's requests (in its cache)."""
+    return (ws.cache / "v1" / "uptodate").glob("*.json")
+
+
 def build(ws, *targets: str):
     run = ws.cli("build", *targets)
     assert run.rc == 0, run.output
@@ -86,11 +91,15 @@ def test_an_edited_target_file_rebuilds(make_ws):
     assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n"
 
 
-def test_a_removed_output_link_or_collected_cache_takes_the_full_path(make_ws):
+def test_a_changed_output_or_collected_cache_takes_the_full_path(make_ws):
     ws = ready(make_ws, "//p:b")
     (ws.root / "bgraph-out/p/b").unlink()
+    assert "1 output link(s) put back" in build(ws, "//p:b").stderr  # the tree is whole in the cache
+    # An output file changed in place (the tree is read-only, but root may write): the full path.
+    out = (ws.root / "bgraph-out/p/b/b.txt").resolve()
+    os.chmod(out, 0o644)
+    out.write_text("tampered\n")
     assert UP_TO_DATE not in build(ws, "//p:b").stderr
-    assert ws.read_output("//p:b", "b.txt").strip() == "4"
     assert UP_TO_DATE in build(ws, "//p:b").stderr
     # `cache gc` that removes something (here: :a's output, which no root holds) invalidates every record.
     gc = ws.cli("cache", "gc")
@@ -109,14 +118,15 @@ def test_an_edit_while_the_build_runs_leaves_no_record(tmp_path):
     (tmp_path / "WORKSPACE.toml").write_text("")
     (tmp_path / "f.txt").write_text("1")
     age(tmp_path)
-    recording = noop.Recording(tmp_path, "d" * 32)
+    asked = noop.Request(tmp_path, "d" * 32, tmp_path / "cache" / "v1" / "uptodate")
+    recording = noop.Recording(asked)
     (tmp_path / "f.txt").write_text("2")  # after the scan, before the build read it (or after)
     age(tmp_path, 10)
     recording.remember("answer\n", 0, tmp_path / "cache")
-    assert uptodate.load(tmp_path, "d" * 32) is None
-    recording = noop.Recording(tmp_path, "d" * 32)
+    assert uptodate.load(asked.store, asked.digest) is None
+    recording = noop.Recording(asked)
     recording.remember("answer\n", 0, tmp_path / "cache")
-    assert noop.replay(tmp_path, "d" * 32) == ("answer\n", 0)
+    assert noop.replay(asked) == ("answer\n", 0)
 
 
 def test_a_link_to_a_directory_is_never_recorded(make_ws, tmp_path):
@@ -133,7 +143,7 @@ def test_a_query_answer_is_replayed_until_a_target_file_changes(make_ws):
     age(ws.root)
     first = ws.cli("query", "deps(//p:b)")
     assert first.rc == 0 and "//p:a" in first.stdout
-    assert len(list((ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.json"))) == 1
+    assert len(list(records(ws))) == 1
     assert ws.cli("query", "deps(//p:b)").stdout == first.stdout
     ws.write({"targets/p.toml": (ws.root / "targets/p.toml").read_text().replace('deps = { a = ":a" }', "")})
     age(ws.root, 20)
@@ -147,7 +157,32 @@ def test_a_why_answer_is_recorded_with_the_cache_inside_the_workspace(make_ws, t
     build(ws, "//p:b")  # fills the cache, inside the root: the scan must leave it out
     first = ws.cli("why", "//p:b", "//p:a")
     assert first.rc == 0 and "//p:a" in first.stdout
-    records = list((ws.root / "bgraph-out" / uptodate.RECORD_DIR).glob("*.json"))
-    assert len(records) == 2  # the build's and the why's
-    assert all("cache/" not in p for r in records for p in uptodate.Record.from_bytes(r.read_bytes()).files)
+    kept = list(records(ws))
+    assert len(kept) == 2  # the build's and the why's
+    assert all("cache/" not in p for r in kept for p in uptodate.Record.from_bytes(r.read_bytes()).files)
     assert ws.cli("why", "//p:b", "//p:a").stdout == first.stdout
+
+
+def test_removed_output_links_are_put_back_from_the_record(make_ws):
+    ws = ready(make_ws, "//p:b")
+    import shutil
+    shutil.rmtree(ws.root / "bgraph-out")  # `make clean`: the records live in the cache
+    run = build(ws, "//p:b")
+    assert UP_TO_DATE in run.stderr and "1 output link(s) put back" in run.stderr, run.stderr
+    assert ws.read_output("//p:b", "b.txt").strip() == "4"
+    # A collection while the link was gone may have taken its tree: the full path links it again.
+    shutil.rmtree(ws.root / "bgraph-out")
+    gc = ws.cli("cache", "gc")
+    assert gc.rc == 0 and "0 materialized trees" not in gc.stdout, gc.output
+    run = build(ws, "//p:b")
+    assert UP_TO_DATE not in run.stderr and ws.read_output("//p:b", "b.txt").strip() == "4"
+
+
+def test_a_link_put_back_is_checked_against_a_collection_that_ran_meanwhile(make_ws):
+    ws = ready(make_ws, "//p:b")
+    [path] = records(ws)
+    record = uptodate.Record.from_bytes(path.read_bytes())
+    (ws.root / "bgraph-out/p/b").unlink()
+    generation = next(p for p in record.extra if p.endswith("/v1/generation"))
+    uptodate.bump_generation(Path(generation).parent)  # as a gc between the checks and the relink would
+    assert uptodate.restore_links(record) is None

@@ -1,6 +1,6 @@
 """The per-target memo: what each configured target of the last successful build of a request
 read from the workspace, what it produced and which actions it took, kept beside that build's
-no-op record (`bgraph-out/.uptodate/<request>.memo`).
+no-op record (`<cache>/v1/uptodate/<request>.memo`).
 
 The no-op record answers "did anything change"; the memo answers "what does this change reach".
 When only the contents of workspace files changed since the record (no file added or removed,
@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from build_graph.store.atomic import write_bytes
-from build_graph.store.uptodate import RECORD_DIR
 
 if TYPE_CHECKING:  # not imported by a no-op (pickle imports it when a memo is loaded)
     from build_graph.model import TargetOutput
@@ -50,31 +49,31 @@ class Entry:
     volatile: bool = False  # a source the stamps cannot see: never reused
 
 
-def path(root: Path, digest: str) -> Path:
-    return root / "bgraph-out" / RECORD_DIR / f"{digest}.memo"
+def path(store: Path, digest: str) -> Path:
+    return store / f"{digest}.memo"
 
 
-def save(root: Path, digest: str, name: str, entries: dict[str, Entry]) -> None:
+def save(store: Path, digest: str, name: str, entries: dict[str, Entry]) -> None:
     """Write the memo of the record called `name` (str(configured target) -> entry)."""
-    path(root, digest).parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path(root, digest), pickle.dumps((FORMAT, name, entries), protocol=pickle.HIGHEST_PROTOCOL))
+    store.mkdir(parents=True, exist_ok=True)
+    write_bytes(path(store, digest), pickle.dumps((FORMAT, name, entries), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def load(root: Path, digest: str, name: str) -> dict[str, Entry] | None:
+def load(store: Path, digest: str, name: str) -> dict[str, Entry] | None:
     """The memo of the record called `name`, if it is there, whole and of this bgraph."""
     if not name:
         return None
     try:
-        with open(path(root, digest), "rb") as f:
+        with open(path(store, digest), "rb") as f:
             fmt, kept_name, entries = pickle.load(f)
     except Exception:  # missing, damaged, or another bgraph's: every target takes the full path
         return None
     return entries if fmt == FORMAT and kept_name == name else None
 
 
-def forget(root: Path, digest: str) -> None:
+def forget(store: Path, digest: str) -> None:
     try:
-        path(root, digest).unlink()
+        path(store, digest).unlink()
     except OSError:
         pass
 

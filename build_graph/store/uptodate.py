@@ -3,7 +3,7 @@ the workspace, planning or computing a key (Ninja's `.ninja_log` idea, taken one
 
 After a successful build of a request (the targets as typed, and every flag or environment
 variable that chooses what is built, where it is cached and how it is configured), bgraph writes
-`bgraph-out/.uptodate/<request digest>.json` holding the stat stamp (size, mtime, inode) of:
+`<cache>/v1/uptodate/<request digest>.json` holding the stat stamp (size, mtime, inode) of:
 
 - every file under the workspace root, except `bgraph-out/`, `.git/`, `__pycache__/` and the
   cache directory (when it lies inside the root): the target files, the sources, the patches,
@@ -43,7 +43,7 @@ import orjson
 
 from build_graph.store.atomic import write_bytes
 
-RECORD_DIR = ".uptodate"  # under bgraph-out/
+RECORD_DIR = ".uptodate"  # under bgraph-out/: the kept parse (store/parsed.py)
 FORMAT = 1
 RACY_S = 2.0  # a file modified this close to the scan may change again without changing its stamp
 SKIPPED_NAMES = frozenset({".git", "__pycache__"})
@@ -152,14 +152,14 @@ def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
     return stamps
 
 
-def record_path(root: Path, digest: str) -> Path:
-    return root / "bgraph-out" / RECORD_DIR / f"{digest}.json"
+def record_path(store: Path, digest: str) -> Path:
+    return store / f"{digest}.json"
 
 
-def load(root: Path, digest: str) -> Record | None:
+def load(store: Path, digest: str) -> Record | None:
     """The record of the last successful build of this request, if any (a damaged one is none)."""
     try:
-        data = record_path(root, digest).read_bytes()
+        data = record_path(store, digest).read_bytes()
     except OSError:
         return None
     return Record.from_bytes(data)
@@ -179,6 +179,43 @@ def outputs_hold(record: Record) -> bool:
         except OSError:
             return False
     return all(stamp_of(p) == s for p, s in record.outputs.items())
+
+
+def restore_links(record: Record) -> int | None:
+    """Put back the recorded bgraph-out links that were removed or re-pointed, where the trees
+    they led to are still whole in the cache (their files' stamps as recorded); returns how many,
+    or None where one cannot be restored (the build relinks it). Checked again after relinking,
+    under the cache's gc lock, against the generation: a collection that ran meanwhile (it may
+    have taken a tree no link rooted) makes this None."""
+    missing = []
+    for link, target in record.links.items():
+        try:
+            if os.readlink(link) == target:
+                continue
+        except OSError:
+            pass
+        missing.append((link, target))
+    if not all(stamp_of(p) == s for p, s in record.outputs.items()):
+        return None
+    for link, target in missing:
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        fresh = f"{os.path.dirname(link)}/.{os.path.basename(link)}.{os.getpid()}"
+        if os.path.lexists(fresh):
+            os.unlink(fresh)
+        os.symlink(target, fresh)
+        os.replace(fresh, link)  # renamed over: a reader never finds the link missing
+    generation = next((p for p in record.extra if p.endswith("/v1/generation")), None)
+    if generation is None:
+        return None
+    import fcntl
+    fd = os.open(os.path.join(os.path.dirname(generation), "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        whole = stamp_of(generation) == record.extra[generation] and all(
+            stamp_of(p) == s for p, s in record.outputs.items())
+    finally:
+        os.close(fd)
+    return len(missing) if whole else None
 
 
 def changed_files(record: Record) -> set[str] | None:
@@ -208,9 +245,9 @@ def racy(files: dict[str, Stamp], scanned_at_ns: int) -> list[str]:
     return [p for p, s in files.items() if s[1] > limit]
 
 
-def save(root: Path, digest: str, record: Record) -> None:
+def save(store: Path, digest: str, record: Record) -> None:
     """Write the record atomically (a concurrent build of the same request writes the same)."""
-    path = record_path(root, digest)
+    path = record_path(store, digest)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes(path, record.to_bytes())
 
@@ -226,9 +263,9 @@ def bump_generation(layout_root: Path) -> None:
     write_bytes(generation_path(layout_root), f"{time.time_ns()}\n".encode())
 
 
-def forget(root: Path, digest: str) -> None:
+def forget(store: Path, digest: str) -> None:
     """Drop the record (a build of this request failed or changed something)."""
     try:
-        record_path(root, digest).unlink()
+        record_path(store, digest).unlink()
     except OSError:
         pass
