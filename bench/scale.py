@@ -5,7 +5,8 @@ the cold build and the no-op build (at N <= --cold-max), planning all N actions 
 that holds only the genrules' shell toolchain (`bgraph build --dry-run`: N sources stored, N keys
 computed and looked up; nothing runs) with its peak RSS, `bgraph query` of the whole graph and
 `bgraph why` from the top target to one genrule (after the cold build), one source edited and
-rebuilt; Ninja's cold, no-op and edit builds beside. `query` is run three times: the first loads the
+rebuilt, then a second source (the next edit of an edit-build loop), then bgraph-out/ removed and
+built again (`make clean`); Ninja's cold, no-op and edit builds beside. `query` is run three times: the first loads the
 workspace, the others are answered from the record of the first (noop.py).
 
 --bgraph-path DIR runs the bgraph found there (a snapshot of one commit: `git archive REV | tar -x
@@ -131,6 +132,14 @@ def main() -> None:
             edit(root, 0)
             row["edit_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "-j2", "//many:all-of-them"], root)
             row["edit_cpu_s"] = CPU["last"]
+            edit(root, 2)  # the next edit of an edit-build loop (the last build was just after an edit)
+            row["edit2_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "-j2", "//many:all-of-them"], root)
+            row["edit2_cpu_s"] = CPU["last"]
+            time.sleep(2.5)  # past the racy window: the next build can be a no-op
+            timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
+            shutil.rmtree(root / "bgraph-out")  # `make clean`: the links come back from the record
+            row["clean_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
+            row["clean_cpu_s"] = CPU["last"]
         ninja = shutil.which("ninja")
         if ninja and n <= args.ninja_max:
             row["ninja_cold_s"] = timed([ninja, "-j2"], root)
