@@ -584,6 +584,27 @@ def test_dry_run_keeps_no_plan_of_a_target_that_waits(make_ws):
     assert not run.targets
 
 
+@requires_bwrap
+def test_dry_run_of_new_actions_writes_no_directory_nodes(make_ws):
+    """A new action has no recorded inputs to compare with, so a miss stores none of its input
+    trees (a dry run of 100,000 new genrules wrote 200,000 node files); a changed one still
+    stores them, so that its reason names the changed file."""
+    ws = make_ws(CUTOFF)
+    assert ws.build("//p:b").rc == 0
+    nodes = lambda: sorted(p.name for p in (ws.store / "dirs").rglob("*") if p.is_file())
+    before = nodes()
+    ws.write({"new.txt": "new\n", "targets/p.toml": CUTOFF["targets/p.toml"]
+              + '[c]\nkind = "genrule"\nsrcs = ["new.txt"]\nouts = ["c.txt"]\ncmd = "cp $SRC/new.txt $OUT/c.txt"\n'})
+    dry = ws.build("//p:c", args=("--dry-run",))
+    assert dry.rc == 0, dry.stderr
+    assert action(dry.json, "//p:c")["reason"] == "new action (never built)"
+    assert nodes() == before
+    ws.write({"in.txt": "# a comment\nalpha\nbeta\ngamma\n"})
+    dry = ws.build("//p:a", args=("--dry-run",))
+    assert action(dry.json, "//p:a")["reason"].startswith("input /bgraph/src/in.txt ")
+    assert len(nodes()) > len(before)
+
+
 def test_explain_groups_a_big_targets_steps_by_translation_unit():
     """A target with many actions is explained per TU: the change that started it (a header a
     preprocessing step read), then the steps its outputs set off; cut-off steps are counted."""
