@@ -27,6 +27,25 @@ def leftovers(cas: LocalCas) -> list[str]:
 
 
 # -- CAS -------------------------------------------------------------------------------------
+def test_a_shard_directory_removed_is_made_again(tmp_path):
+    """Blobs and nodes are renamed into their shard directory, which is made when it is missing
+    (not stat-ed or made before every write); nothing is left in the staging directory."""
+    first = LocalCas(tmp_path / "cache", B3)
+    e = first.put_bytes(b"one")
+    digest = first.put_tree(Tree({"a/one": e}))
+    first.close()
+    for d in (first.blob_path(e.digest).parent, first.dirs / digest[:2]):
+        for p in d.iterdir():
+            os.chmod(p, 0o644)
+            p.unlink()
+        d.rmdir()
+    cas = LocalCas(tmp_path / "cache", B3)
+    assert cas.put_bytes(b"one") == e and cas.read_bytes(e) == b"one"
+    assert cas.put_tree(Tree({"a/one": e})) == digest
+    assert cas.get_tree(digest) == Tree({"a/one": e})
+    assert leftovers(cas) == []
+
+
 def test_put_and_read_bytes(cas):
     e = cas.put_bytes(b"hello")
     assert e == FileEntry(B3.of(b"hello"), 5, False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -83,6 +84,16 @@ def hash_file(path: str | os.PathLike, digester: Digester) -> str:
 
 def _shard(root: Path, digest: str) -> Path:
     return root / digest[:2] / digest[2:]
+
+
+def _rename_into_shard(tmp_path: str, dest: str) -> None:
+    """Rename a staged file to `dest`, making its shard directory the first time one is missing
+    (a mkdir per stored file was a fifth of storing a small source)."""
+    try:
+        os.replace(tmp_path, dest)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.replace(tmp_path, dest)
 
 
 def _node_name(name: str, node: str) -> str:
@@ -197,11 +208,14 @@ class LocalCas:
         self.blobs = self.base / "cas"
         self._blobs_dir = os.fspath(self.blobs)
         self.dirs = self.base / "dirs"
+        self._dirs_dir = os.fspath(self.dirs)
         self.trees = self.base / "trees"
         staging = Path(cache_dir) / LAYOUT_VERSION / "tmp"
         for d in (self.blobs, self.dirs, self.trees, staging):
             d.mkdir(parents=True, exist_ok=True)
         self.tmp, self._lease_fd = self._lease_staging(staging)
+        self._tmp_dir = os.fspath(self.tmp)
+        self._tmp_names = itertools.count()  # names in our own staging (see _staged)
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
         # Blob name -> stat stamp of the copy last hashed good (see verify).
@@ -252,26 +266,40 @@ class LocalCas:
         return f"{self._blobs_dir}/{digest[:2]}/{digest[2:]}"
 
     def _install(self, tmp_path: str, digest: str, size: int) -> None:
-        dest = self.blob_path(digest)
         # An existing copy is trusted only once verified: a corrupted one is evicted and
         # replaced by these (known good) bytes, so it can never reach an action's inputs.
         if self.verify(FileEntry(digest, size)):
             os.unlink(tmp_path)
             self._refresh(digest)
             return
-        dest.parent.mkdir(exist_ok=True)
         os.chmod(tmp_path, 0o444)
         os.utime(tmp_path, (FIXED_MTIME, FIXED_MTIME))
-        os.replace(tmp_path, dest)
+        _rename_into_shard(tmp_path, self._blob_str(digest))
         self._verified.add(digest)
+
+    def _staged(self, data: bytes) -> str:
+        """A new file holding `data` in this process's staging directory. The directory is this
+        process's own (leased), so a counter names the file: mkstemp's random names were a
+        tenth of storing a small source."""
+        while True:
+            path = f"{self._tmp_dir}/b{next(self._tmp_names)}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:  # never, in a staging directory of our own; but never overwrite
+                continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return path
 
     def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry:
         digest = self.digester.of(data)
         if not self.verify(FileEntry(digest, len(data))):
-            fd, tmp = tempfile.mkstemp(dir=self.tmp)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            self._install(tmp, digest, len(data))
+            self._install(self._staged(data), digest, len(data))
         else:
             self._refresh(digest)
         return FileEntry(digest, len(data), executable)
@@ -474,14 +502,10 @@ class LocalCas:
 
     def put_node(self, digest: str, raw: bytes) -> None:
         """Store a directory node (the caller made it, or checked its digest)."""
-        dest = _shard(self.dirs, digest)
-        if dest.exists():
+        dest = f"{self._dirs_dir}/{digest[:2]}/{digest[2:]}"
+        if os.path.exists(dest):
             return
-        dest.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.tmp)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.replace(tmp, dest)
+        _rename_into_shard(self._staged(raw), dest)
 
     def has_digest(self, digest: str) -> bool:
         """Whether a sound blob with this digest is stored (its size taken from disk)."""
