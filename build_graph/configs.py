@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
+from build_graph.graph import static_order
 from build_graph.labels import Label, parse_label
 from build_graph.workspace import Workspace, host_platform
 
@@ -92,10 +93,23 @@ def own_config(ws: Workspace, label: Label, config: Config, forced: str | None) 
     from build_graph.rules.registry import RULES
 
     target = ws.targets[label]
-    fixed = getattr(target.attrs, "platform", None)
+    fixed = getattr(target.attrs, "platform", None) if _has_platform(type(target.attrs)) else None
     if fixed and not forced:
         config = Config(config.exec, fixed)
     return RULES[target.kind].configure(target.attrs, config)
+
+
+_PLATFORM_ATTR: dict[type, bool] = {}
+
+
+def _has_platform(cls: type) -> bool:
+    """Whether a kind's attributes can have a `platform` (a field, or anything else by that
+    name): most cannot, and asking a pydantic model for a missing attribute raises and catches
+    an AttributeError inside pydantic (a fifth of configuring 100,000 genrules)."""
+    known = _PLATFORM_ATTR.get(cls)
+    if known is None:
+        known = _PLATFORM_ATTR[cls] = "platform" in getattr(cls, "model_fields", {}) or hasattr(cls, "platform")
+    return known
 
 
 def requested(ws: Workspace, labels: list[Label], exec_platform: str | None = None,
@@ -106,8 +120,8 @@ def requested(ws: Workspace, labels: list[Label], exec_platform: str | None = No
     return [_configured(label, own_config(ws, label, start, forced)) for label in labels]
 
 
-def _configured(label: Label, config: Config) -> Configured:
-    return Configured(label, config, config.tag(host_platform()))
+def _configured(label: Label, config: Config, machine: str | None = None) -> Configured:
+    return Configured(label, config, config.tag(machine or host_platform()))
 
 
 @dataclass
@@ -134,8 +148,13 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
     """Walk the dependencies of `roots`, configuring each edge (see the module docstring)."""
     from build_graph.rules.registry import RULES
 
+    machine = host_platform()
     deps: dict[Configured, list[Configured]] = {}
     dep_labels: dict[Configured, dict[tuple[str, Label], Configured]] = {}
+    # (text, package) -> label and (label, parent's config after the transition) -> configured
+    # target, each worked out once: 100,000 genrules name one toolchain in one configuration.
+    labels: dict[tuple[str, str], Label] = {}
+    ends: dict[tuple[Label, Config], Configured] = {}
     todo = list(roots)
     while todo:
         node = todo.pop()
@@ -143,15 +162,23 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
             continue
         target = ws.targets[node.label]
         rule = RULES[target.kind]
+        package = node.label.package
         edges: dict[tuple[str, Label], Configured] = {}
         for key, text in rule.deps(target.attrs):
             config = rule.transition(target.attrs, key, text, node.config)
             if config is None:  # an edge this configuration does not follow
                 continue
-            label = parse_label(text, package=node.label.package)
-            edges[(key, label)] = dep = _configured(label, own_config(ws, label, config, forced))
+            label = labels.get((text, package))
+            if label is None:
+                label = labels[(text, package)] = parse_label(text, package=package)
+            dep = ends.get((label, config))
+            if dep is None:
+                dep = ends[(label, config)] = _configured(label, own_config(ws, label, config, forced), machine)
+            edges[(key, label)] = dep
             todo.append(dep)
         dep_labels[node] = edges
         deps[node] = list(dict.fromkeys(edges.values()))
-    order = list(TopologicalSorter(deps).static_order())  # the static graph was checked for cycles
+    order = static_order(deps)
+    if order is None:  # the static graph was checked for cycles; graphlib says it as before
+        order = list(TopologicalSorter(deps).static_order())
     return ConfiguredGraph(order, deps, dep_labels)

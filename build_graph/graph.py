@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from graphlib import CycleError, TopologicalSorter
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeVar
 
 from build_graph.errors import GraphError, QueryError
 from build_graph.labels import Label, expand, parse_label
@@ -18,6 +18,36 @@ if TYPE_CHECKING:
     import networkx as nx
 
 DependencyMap = dict[Label, list[Label]]
+Node = TypeVar("Node", bound=Hashable)
+
+
+def static_order(deps: Mapping[Node, Iterable[Node]]) -> list[Node] | None:
+    """`list(graphlib.TopologicalSorter(deps).static_order())`, the same order, or None where
+    `deps` (node -> the nodes it needs) has a cycle. graphlib keeps an object per node and
+    walks the graph twice (a cycle search, then the order); at 100,000 targets that was a
+    tenth of planning. Kahn's walk in first-in first-out order is graphlib's order: its
+    batches of ready nodes, each taken in the order the one before made them ready."""
+    waiting: dict[Node, int] = {}  # node -> needs not yet ordered (in graphlib's insertion order)
+    users: dict[Node, list[Node]] = {}
+    for node, needs in deps.items():
+        needs = tuple(needs)
+        if node in waiting:
+            waiting[node] += len(needs)
+        else:
+            waiting[node], users[node] = len(needs), []
+        for need in needs:
+            if need in users:
+                users[need].append(node)
+            else:
+                waiting[need], users[need] = 0, [node]
+    order = [node for node, n in waiting.items() if not n]
+    for node in order:  # grows while it is walked
+        for user in users[node]:
+            left = waiting[user] - 1
+            waiting[user] = left
+            if not left:
+                order.append(user)
+    return order if len(order) == len(waiting) else None
 
 
 def dependency_map(ws: Workspace) -> DependencyMap:
@@ -25,13 +55,21 @@ def dependency_map(ws: Workspace) -> DependencyMap:
     from build_graph.rules.registry import RULES
 
     deps: DependencyMap = {}
+    parsed: dict[tuple[str, str], Label] = {}  # every genrule names the same toolchain: parse it once
     for label, target in ws.targets.items():
-        deps[label] = list(dict.fromkeys(parse_label(text, package=label.package)
-                                         for _key, text in RULES[target.kind].deps(target.attrs)))
-    try:
-        TopologicalSorter(deps).prepare()
-    except CycleError as err:
-        raise _cycle_error(ws, err.args[1]) from None
+        package = label.package
+        needs = []
+        for _key, text in RULES[target.kind].deps(target.attrs):
+            dep = parsed.get((text, package))
+            if dep is None:
+                dep = parsed[(text, package)] = parse_label(text, package=package)
+            needs.append(dep)
+        deps[label] = list(dict.fromkeys(needs))
+    if static_order(deps) is None:
+        try:  # graphlib finds the cycle to name
+            TopologicalSorter(deps).prepare()
+        except CycleError as err:
+            raise _cycle_error(ws, err.args[1]) from None
     return deps
 
 
