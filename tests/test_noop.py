@@ -186,3 +186,17 @@ def test_a_link_put_back_is_checked_against_a_collection_that_ran_meanwhile(make
     generation = next(p for p in record.extra if p.endswith("/v1/generation"))
     uptodate.bump_generation(Path(generation).parent)  # as a gc between the checks and the relink would
     assert uptodate.restore_links(record) is None
+
+
+def test_records_live_in_the_cache_the_build_will_choose(tmp_path, monkeypatch):
+    from build_graph.roots import records_dir
+
+    monkeypatch.delenv("BGRAPH_CACHE", raising=False)
+    (tmp_path / "WORKSPACE.toml").write_text('[workspace]\nname = "t"\n[defaults]\ncache_dir = "c"\n')
+    assert records_dir(None, tmp_path) == tmp_path / "c" / "v1" / "uptodate"
+    assert records_dir("/elsewhere", tmp_path) == Path("/elsewhere/v1/uptodate")
+    monkeypatch.setenv("BGRAPH_CACHE", str(tmp_path / "e"))
+    assert records_dir(None, tmp_path) == tmp_path / "e" / "v1" / "uptodate"
+    monkeypatch.delenv("BGRAPH_CACHE")
+    (tmp_path / "WORKSPACE.toml").write_text("[defaults\n")  # the build reports it; no record is used
+    assert records_dir(None, tmp_path) is None
