@@ -33,6 +33,21 @@ class Config:
     exec: str  # the platform actions run on
     target: str  # the platform the outputs are for
 
+    # Configs and configured targets key the build's tables: their dataclass hashes, computed
+    # once (as Label's; a pickle carries the fields alone).
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.exec, self.target)))
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self.__post_init__()
+            return self._hash
+
+    def __reduce__(self):
+        return (Config, (self.exec, self.target))
+
     @property
     def cross(self) -> bool:
         return self.exec != self.target
@@ -57,6 +72,19 @@ class Configured:
     label: Label
     config: Config
     tag: str = field(default="", compare=False)  # written in parentheses, like Bazel's configurations
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.label, self.config)))
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self.__post_init__()
+            return self._hash
+
+    def __reduce__(self):
+        return (Configured, (self.label, self.config, self.tag))
 
     @property
     def package(self) -> str:

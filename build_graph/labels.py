@@ -21,6 +21,23 @@ class Label:
     package: str
     name: str
 
+    # Labels key every table of a build (a plan of 100,000 targets looks them up millions of
+    # times, and the hash dataclass writes is a Python call building a tuple each time): the
+    # same hash, computed once. A pickle carries the fields alone (a str's hash differs from
+    # one process to the next): one written before this was kept computes it on first use.
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.package, self.name)))
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self.__post_init__()
+            return self._hash
+
+    def __reduce__(self):
+        return (Label, (self.package, self.name))
+
     def __str__(self) -> str:
         return f"//{self.package}:{self.name}"
 
