@@ -123,6 +123,7 @@ def test_a_collected_cache_takes_the_full_path(make_ws):
     build(ws, "//p:c")  # another request: :top's output stays rooted, :a's and :b's do not
     gc = ws.cli("cache", "gc")
     assert gc.rc == 0 and "removed 0 action-cache entries, 0 blobs" not in gc.stdout, gc.output
+    assert not list((ws.cache / "v1" / "uptodate").iterdir())  # none could hold: dropped with what was collected
     run = edited(ws, {"c.txt": "e\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ne\n"
 

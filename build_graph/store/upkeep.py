@@ -276,7 +276,17 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
             # Still under the lock: a build that holds keys after this sees the new generation
             # (a build that reuses targets from its memo checks it then: store/memo.py).
             bump_generation(layout_root)
+            _drop_records(layout_root)
     return report
+
+
+def _drop_records(layout_root: Path) -> None:
+    """The no-op records and memos of every workspace (`v1/uptodate/`): none holds once the
+    generation moved, so they go with what was collected rather than wait for a rebuild."""
+    records = layout_root / "uptodate"
+    if records.is_dir():
+        for p in records.iterdir():
+            p.unlink(missing_ok=True)
 
 
 @contextmanager
