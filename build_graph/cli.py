@@ -109,11 +109,10 @@ def cmd_build(args, console: Console) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
-        if options.dry_run:
-            out = _stdout()
-            for a in summary["actions"]:
-                if a["status"] == "would-run":
-                    out.print(f"would run {a['label']} {_escape(a['name'])} — {_escape(a['reason'])}", highlight=False)
+        if options.dry_run:  # plain lines, one write: rich's print per line was a tenth of planning 10,000
+            sys.stdout.write("".join(f"would run {a['label']} {a['name']} — {a['reason']}\n"
+                                     for a in summary["actions"] if a["status"] == "would-run"))
+            sys.stdout.flush()
         print_summary(console, summary)
         for label, link in summary.get("outputs", {}).items():  # which platform each is for: its path says
             console.print(f"[dim]{_escape(label)}:[/] {_escape(os.path.relpath(link))}", highlight=False)
