@@ -3,9 +3,12 @@ yield several batches of actions, each planned from the outcomes of the last: co
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Container
 
 from build_graph.errors import LoadError, PlanError, where
@@ -21,22 +24,44 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = ()) 
     """Each source attribute's workspace paths, globs expanded and sorted; missing files are errors.
     `virtual`: paths that exist only in the CAS (a build variant's files, variants.py), named literally."""
     out: dict[str, list[str]] = {}
+    seen: dict[str, set[str]] = {}  # out's paths per key (a list's `in` made a big glob quadratic)
+    root = os.fspath(ws.root)
     for key, pattern in RULES[target.kind].sources(target.attrs):
-        loc = where(target.file, target.table, key)
         if pattern.startswith("/") or ".." in pattern.split("/"):
-            raise LoadError(f"source {pattern!r} must be a path inside the workspace", where=loc)
-        if any(c in pattern for c in "*?["):
+            raise LoadError(f"source {pattern!r} must be a path inside the workspace",
+                            where=where(target.file, target.table, key))
+        if "*" in pattern or "?" in pattern or "[" in pattern:
             matches = sorted(os.path.relpath(p, ws.root) for p in glob.glob(str(ws.root / pattern), recursive=True)
                              if os.path.isfile(p))
             if not matches:
-                raise LoadError(f"glob {pattern!r} matches no file", where=loc)
+                raise LoadError(f"glob {pattern!r} matches no file", where=where(target.file, target.table, key))
         else:
-            if pattern not in virtual and not (ws.root / pattern).is_file():
-                raise LoadError(f"source file {pattern!r} does not exist", where=loc)
+            if pattern not in virtual and not _is_file(root, pattern):
+                raise LoadError(f"source file {pattern!r} does not exist", where=where(target.file, target.table, key))
             matches = [pattern]
-        out.setdefault(key, [])
-        out[key] += [m for m in matches if m not in out[key]]
+        have, known = out.setdefault(key, []), seen.setdefault(key, set())
+        new = [m for m in matches if m not in known]
+        have += new
+        known.update(new)
     return out
+
+
+_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
+
+def _is_file(root: str, path: str) -> bool:
+    """`(Path(root) / path).is_file()` without making a Path per source (the same answers and
+    errors: pathlib drops a trailing slash, so such a path goes through pathlib)."""
+    if path.endswith("/"):
+        return (Path(root) / path).is_file()
+    try:
+        return stat.S_ISREG(os.stat(f"{root}/{path}").st_mode)
+    except OSError as e:
+        if e.errno not in _MISSING:
+            raise
+        return False
+    except ValueError:
+        return False
 
 
 @dataclass(eq=False)

@@ -93,3 +93,19 @@ def test_a_dataflow_cycle_or_unknown_need_is_a_plan_error():
 def test_an_empty_dataflow_resumes_at_once():
     plan = _plan("genrule", {"cmd": "true", "outs": ["x"]}, _flow_rule({}))
     assert plan.start() == [] and plan.output.info == {"done": []}
+
+
+def test_a_source_is_a_file_exactly_when_pathlib_says_so(tmp_path):
+    """expand_sources checks literal sources by string path (no Path per source): the same answer
+    as `(root / path).is_file()` for a file, a directory, a missing path, a link, a link loop, a
+    doubled or `.` component and a trailing slash (which pathlib drops)."""
+    from build_graph.planner import _is_file
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.txt").write_text("x")
+    (tmp_path / "link").symlink_to("d/f.txt")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "dangling").symlink_to("nowhere")
+    for path in ["d/f.txt", "d", "d/", "d/f.txt/", "d//f.txt", "./d/f.txt", "d/./f.txt", "missing", "d/f.txt/x",
+                 "link", "loop", "dangling", "", "."]:
+        assert _is_file(str(tmp_path), path) == (tmp_path / path).is_file(), path

@@ -346,7 +346,10 @@ class LocalCas:
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
         """Store a file's bytes. With move=True the file (in our staging area) is renamed in."""
         path = os.fspath(path)
-        st = os.lstat(path)
+        return self._put_file(path, os.lstat(path), executable, move)
+
+    def _put_file(self, path: str, st: os.stat_result, executable: bool | None, move: bool) -> FileEntry:
+        """put_file, given the file's lstat."""
         if executable is None:
             executable = bool(st.st_mode & stat.S_IXUSR)
         if move:
@@ -376,13 +379,16 @@ class LocalCas:
         ctime, inode, mode) is the one recorded with its digest. Whether that blob is still
         stored is for the caller to check (store_sources does, once it holds them)."""
         key = os.fspath(path)
-        st = os.stat(key)
+        # One lstat serves the stamp and put_file (which stores a link by its own lstat, as it
+        # always did); a link's stamp is its target's, as os.stat gives it.
+        lst = os.lstat(key)
+        st = os.stat(key) if stat.S_ISLNK(lst.st_mode) else lst
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
         known = self._sources.table.get(key)
         if known and known[:5] == stamp:
             return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         try:
-            entry = self.put_file(key)
+            entry = self._put_file(key, lst, None, False)
         except OSError as e:  # name the source: a read error from the hasher carries no file name
             if e.filename is None and e.errno != errno.ENOSPC:
                 e.filename = key
