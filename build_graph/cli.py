@@ -53,7 +53,7 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.report import RichReporter, print_summary
     from build_graph.workspace import host_platform, remote_settings
 
-    recording = noop.Recording(asked, skip=_flag_cache(args, asked.root)) if asked is not None else None
+    recording = noop.Recording(asked, _flag_cache(args, asked.root), previous) if asked is not None else None
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()

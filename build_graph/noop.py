@@ -58,10 +58,11 @@ class Previous:
     """The last successful build of a request, as far as it still holds."""
 
     def __init__(self, asked: Request):
-        self.asked, self.started = asked, time.monotonic()
+        self.asked, self.started, self.started_ns = asked, time.monotonic(), time.time_ns()
         self.record = uptodate.load(asked.store, asked.digest)
+        self.scanned: dict[str, Any] = {}  # the workspace as this check found it (if it got that far)
         # None: more than file contents changed (or no record); empty: nothing in the workspace did
-        self.changed = uptodate.changed_files(self.record) if self.record is not None else None
+        self.changed = uptodate.changed_files(self.record, self.scanned) if self.record is not None else None
 
     def answer(self, console: Console) -> bool:
         """If nothing changed and the outputs are in place, say so as a build would and return
@@ -105,8 +106,12 @@ class Recording:
     """Scans the workspace before a command; after it succeeded, writes the record if the
     workspace did not change while it ran."""
 
-    def __init__(self, asked: Request, skip: tuple[str, ...] = ()):
+    def __init__(self, asked: Request, skip: tuple[str, ...] = (), previous: Previous | None = None):
         self.asked, self.root, self.skip = asked, asked.root, skip
+        if previous is not None and previous.scanned and sorted(previous.record.skip) == sorted(skip):
+            # the no-op check scanned with the same directories left out, just now: that is the scan
+            self.started_ns, self.before = previous.started_ns, previous.scanned
+            return
         self.started_ns = time.time_ns()
         try:
             self.before: dict[str, Any] | None = uptodate.scan(self.root, skip)

@@ -218,10 +218,11 @@ def restore_links(record: Record) -> int | None:
     return len(missing) if whole else None
 
 
-def changed_files(record: Record) -> set[str] | None:
+def changed_files(record: Record, seen: dict[str, Stamp] | None = None) -> set[str] | None:
     """The workspace files (relative paths) whose stamps changed since the record; None where
     more than the contents of files changed: a file added or removed, bgraph's code, Python, the
-    user's config, a probed host tool, or the cache's generation (something was collected)."""
+    user's config, a probed host tool, or the cache's generation (something was collected).
+    `seen`, when given, receives the scan (the build's scan before it starts: one walk serves both)."""
     if record.python != sys.version:
         return None
     if any(stamp_of(p) != s for p, s in record.extra.items()):
@@ -232,6 +233,8 @@ def changed_files(record: Record) -> set[str] | None:
         now = scan(Path(record.root), tuple(record.skip))
     except (OSError, Unrecordable):
         return None
+    if seen is not None:
+        seen.update(now)
     if now.keys() != record.files.keys():
         return None
     files = record.files
