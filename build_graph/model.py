@@ -186,10 +186,13 @@ class Tree:
     def directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         """Merkle directory nodes: dir path ('' = root) -> (digest, canonical encoding).
         Computed once per tree and digest function (trees are immutable)."""
-        cache = self.__dict__.setdefault("_nodes", {})
-        if digester.name not in cache:
-            cache[digester.name] = self._directory_nodes(digester)
-        return cache[digester.name]
+        cache = self.__dict__.get("_nodes")
+        if cache is None:
+            cache = self.__dict__["_nodes"] = {}
+        nodes = cache.get(digester.name)
+        if nodes is None:
+            nodes = cache[digester.name] = self._directory_nodes(digester)
+        return nodes
 
     def _directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         children: dict[str, dict[str, Any]] = {"": {}}
@@ -227,8 +230,12 @@ class Tree:
         return nodes
 
     def digest(self, digester: Digester) -> str:
-        known = self.__dict__.get("_root", {}).get(digester.name)
-        return known if known is not None else self.directory_nodes(digester)[""][0]
+        roots = self.__dict__.get("_root")
+        if roots is not None:
+            known = roots.get(digester.name)
+            if known is not None:
+                return known
+        return self.directory_nodes(digester)[""][0]
 
     def know_digest(self, digester: Digester, digest: str) -> "Tree":
         """Record the root digest of a tree read back from the store by that (verified) digest,
