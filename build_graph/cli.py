@@ -45,7 +45,7 @@ def cmd_build(args, console: Console) -> int:
 
     asked = noop.request(args)
     previous = noop.Previous(asked) if asked is not None else None
-    if previous is not None and previous.answer(console):  # before the heavy imports: a no-op needs none
+    if previous is not None and previous.answer(console, args.json):  # before the heavy imports: a no-op needs none
         return 0
     from build_graph.engine import BuildOptions, Engine
     from build_graph.errors import PlanError
@@ -78,8 +78,8 @@ def cmd_build(args, console: Console) -> int:
         profile=bool(args.profile))
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
-    if previous is not None:  # only file contents changed: unchanged targets are taken as they were
-        options.reuse = previous.reuse(cache)
+    if previous is not None and not args.json:  # only file contents changed: unchanged targets are taken
+        options.reuse = previous.reuse(cache)     # as they were (--json lists every action: the full path)
     other_cache = _other_cache(ws, args.check_against) if args.check_against else None
     log_path = None
     if not args.json:

@@ -11,6 +11,8 @@ import dataclasses
 import os
 import pickle
 import platform
+
+import orjson
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 # Flags that ask a build for more than its outputs: each of these takes the full path.
-_FULL_PATH_FLAGS = ("dry_run", "check", "check_sample", "check_against", "json", "profile", "remote_upload")
+_FULL_PATH_FLAGS = ("dry_run", "check", "check_sample", "check_against", "profile", "remote_upload")
 # The environment that chooses the cache, the config file or the host's platform.
 _ENV = ("BGRAPH_CACHE", "BGRAPH_CONFIG", "XDG_CONFIG_HOME", "HOME")
 
@@ -64,20 +66,28 @@ class Previous:
         # None: more than file contents changed (or no record); empty: nothing in the workspace did
         self.changed = uptodate.changed_files(self.record, self.scanned) if self.record is not None else None
 
-    def answer(self, console: Console) -> bool:
-        """If nothing changed and the outputs are in place, say so as a build would and return
-        True; else False (the caller builds)."""
+    def answer(self, console: Console, as_json: bool = False) -> bool:
+        """If nothing changed and the outputs are in place, say so as a build would (with
+        `as_json`, the summary `--json` prints, every action a hit) and return True; else False
+        (the caller builds)."""
         if self.changed != set():
             return False
+        entries = memo.load(self.asked.store, self.asked.digest, self.record.memo) if as_json else None
+        if as_json and entries is None:
+            return False  # the memo lists the actions; without it, the full path does
         try:
             restored = uptodate.restore_links(self.record)
         except OSError:
             restored = None
         if restored is None:
             return False
+        s = self.record.summary
+        if entries is not None:
+            print(orjson.dumps(_summary(s, entries, time.monotonic() - self.started),
+                               option=orjson.OPT_INDENT_2).decode())
+            return True
         from rich.markup import escape
 
-        s = self.record.summary
         links = f"; {restored} output link(s) put back" if restored else ""
         console.print(f"[green]OK[/]: executed 0, cache hits {s['actions']}, cut off 0, failed 0, "
                       f"wall {time.monotonic() - self.started:.2f}s (up to date: no input changed since the last "
@@ -166,6 +176,16 @@ class Recording:
             uptodate.save(self.asked.store, self.asked.digest, record)
         except OSError:
             pass  # a read-only cache costs the next run its speed, nothing else
+
+
+def _summary(recorded: dict[str, Any], entries: dict[str, memo.Entry], wall_s: float) -> dict[str, Any]:
+    """What `bgraph build --json` prints for this no-op: the full path's summary, every action a hit."""
+    actions = [{"label": label, "name": name, "mnemonic": mnemonic, "key": key, "status": "hit",
+                "reason": "inputs unchanged", "duration_s": 0.0, "differs": False, "peak_mb": 0, "cpu_s": 0.0}
+               for label, e in entries.items() for name, mnemonic, key in e.actions]
+    return {"ok": True, "executed": 0, "hits": len(actions), "cut_off": 0, "failed": 0, "would_run": 0,
+            "differing": [], "wall_s": round(wall_s, 3), "cpu_s": 0.0, "targets": list(recorded["outputs"]),
+            "actions": actions, "errors": [], "up_to_date": True, "outputs": recorded["outputs"]}
 
 
 def _volatile_marked(entries: dict[str, memo.Entry], scanned: dict[str, Any]) -> dict[str, memo.Entry]:

@@ -200,3 +200,24 @@ def test_records_live_in_the_cache_the_build_will_choose(tmp_path, monkeypatch):
     monkeypatch.delenv("BGRAPH_CACHE")
     (tmp_path / "WORKSPACE.toml").write_text("[defaults\n")  # the build reports it; no record is used
     assert records_dir(None, tmp_path) is None
+
+
+def test_a_json_no_op_lists_every_action_as_a_hit(make_ws):
+    import json
+
+    ws = make_ws(FILES)
+    age(ws.root)
+    first = ws.cli("build", "--json", "//p:b")
+    assert first.rc == 0, first.output
+    built = json.loads(first.stdout)
+    again = ws.cli("build", "--json", "//p:b")
+    summary = json.loads(again.stdout)
+    assert summary["up_to_date"] and summary["executed"] == 0 and summary["hits"] == len(built["actions"])
+    assert {(a["label"], a["name"], a["key"]) for a in summary["actions"]} == \
+        {(a["label"], a["name"], a["key"]) for a in built["actions"]}
+    assert all(a["status"] == "hit" for a in summary["actions"]) and summary["outputs"] == built["outputs"]
+    # After an edit, --json takes the full path (every action listed, none taken from the memo unlisted).
+    ws.write({"in.txt": "one\n"})
+    age(ws.root, 20)
+    edited = json.loads(ws.cli("build", "--json", "//p:b").stdout)
+    assert edited["executed"] == 2 and "targets_reused" not in edited and len(edited["actions"]) == len(built["actions"])
