@@ -638,7 +638,7 @@ class BgraphBuilder:
     def objects(self) -> list[Path]:
         """The objects as linked: the members of bgraph-out/bench/lib/liblib.a (`ar x`)."""
         lib = self.root / "bgraph-out" / "bench" / "lib" / "liblib.a"
-        d = self.root / "ar-x"
+        d = self.root.parent / f"{self.root.name}-ar-x"  # outside the workspace: not a file a build could read
         rmtree(d)
         d.mkdir()
         run(["ar", "x", str(lib.resolve())], cwd=d)
