@@ -575,6 +575,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import gc
+
+    # A build allocates millions of small objects that live to its end (targets, keys, trees):
+    # the default young-generation threshold (700) ran the collector over them again and again,
+    # a third of planning 100,000 targets; peak memory is the same with this one.
+    gc.set_threshold(50_000, 20, 100)
     args = parser().parse_args(argv)
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]

@@ -250,7 +250,7 @@ class _TargetState:
     plan: TargetPlan
     sources: tuple[str, ...]  # its sources' workspace paths (for the memo)
     load_trace: Any  # () -> the whole trace the last build left (read on a first miss only)
-    recorded_digest: str | None  # its digest, where the state file has it
+    recorded_digest: Any  # () -> its digest, where the state file has it (asked when it completes)
     trace_actions: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
@@ -403,12 +403,12 @@ class _BuildRun:
             planned = time.monotonic()
             try:
                 expanded = self.expanded.pop(label) if label in self.expanded else e.variant.expand(e.ws, target)
-                sources = e.variant.store(e.cas, e.ws.root, expanded)
+                sources = e.variant.store(e.cas, e.ws.root, expanded, hash_only=e.options.dry_run)
                 plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
                                    sources, expanded, e.cas.read_bytes, e.probe_host)
                 self.targets[label] = _TargetState(plan, tuple(p for ps in expanded.values() for p in ps),
                                                    lambda name=str(label): e.trace.load(name),
-                                                   e.trace.digest(str(label)))
+                                                   lambda name=str(label): e.trace.digest(name))
                 self._dispatch(label, plan.start())
             except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
                 self._fail(label, self._as_error(label, err))
@@ -480,7 +480,7 @@ class _BuildRun:
             self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
             encoded = trace_bytes(trace)
-            if encoded[0] != state.recorded_digest:  # a no-op build rewrites no trace
+            if encoded[0] != state.recorded_digest():  # a no-op build rewrites no trace
                 e.trace.save(str(label), trace, encoded)
             del self.targets[label]
             e.reporter.target_done(label)

@@ -44,11 +44,13 @@ class Variant:
         """A target's source paths (expand_sources), virtual files included."""
         return expand_sources(ws, target, self.files)
 
-    def store(self, cas, root: Path, expanded: dict[str, list[str]]) -> Tree:
-        """The target's sources as a tree: files from disk stored (cas.store_sources), virtual
-        ones as they are (their blobs held by this build, like every source's)."""
+    def store(self, cas, root: Path, expanded: dict[str, list[str]], hash_only: bool = False) -> Tree:
+        """The target's sources as a tree: files from disk stored (cas.store_sources; only hashed
+        with `hash_only`, for a build that runs nothing), virtual ones as they are (their blobs
+        held by this build, like every source's)."""
         paths = [p for ps in expanded.values() for p in ps]
-        tree = cas.store_sources(root, [p for p in paths if p not in self.files])
+        disk = [p for p in paths if p not in self.files]
+        tree = cas.hash_sources(root, disk) if hash_only else cas.store_sources(root, disk)
         virtual = {p: self.files[p] for p in paths if p in self.files}
         if not virtual:
             return tree

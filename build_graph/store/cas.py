@@ -225,6 +225,7 @@ class LocalCas:
         self._refreshed: set[str] = set()
         # Workspace path -> stat stamp and digest (see put_source).
         self._sources = JsonTable(self.base / "sources.json", self.tmp)
+        self._unstored: dict[str, str] = {}  # digest -> workspace path of a source hashed, not stored
 
     def close(self) -> None:
         """Give up this process's lease and staging now (else at exit)."""
@@ -378,9 +379,13 @@ class LocalCas:
         """Store a workspace file, skipping the read and hash when its stat stamp (size, mtime,
         ctime, inode, mode) is the one recorded with its digest. Whether that blob is still
         stored is for the caller to check (store_sources does, once it holds them)."""
-        key = os.fspath(path)
-        # One lstat serves the stamp and put_file (which stores a link by its own lstat, as it
-        # always did); a link's stamp is its target's, as os.stat gives it.
+        return self._source(os.fspath(path), store=True)
+
+    def _source(self, key: str, store: bool) -> FileEntry:
+        """A workspace file's entry, from its stamp or by reading it (and storing it, with `store`)."""
+        # A link is read through: its stamp, size and mode are its target's (os.stat), on the
+        # first build as on later ones (the link's own mode, 0777, made a first build's entry
+        # executable and the next one's not, so the keys changed between them).
         lst = os.lstat(key)
         st = os.stat(key) if stat.S_ISLNK(lst.st_mode) else lst
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
@@ -388,7 +393,8 @@ class LocalCas:
         if known and known[:5] == stamp:
             return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         try:
-            entry = self._put_file(key, lst, None, False)
+            entry = (self._put_file(key, st, None, False) if store else
+                     FileEntry(hash_file(key, self.digester), st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         except OSError as e:  # name the source: a read error from the hasher carries no file name
             if e.filename is None and e.errno != errno.ENOSPC:
                 e.filename = key
@@ -398,6 +404,18 @@ class LocalCas:
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000:
             self._sources.set(key, [*stamp, entry.digest])
         return entry
+
+    def hash_sources(self, root: Path, paths) -> Tree:
+        """store_sources for a build that runs nothing (--dry-run): the same entries, from the
+        stamps or by hashing, with no blob written; a source a rule reads while it plans is
+        stored by that read (read_bytes)."""
+        base = os.fspath(root)
+        entries = {}
+        for p in paths:
+            key = os.path.join(base, p)
+            entries[p] = entry = self._source(key, store=False)
+            self._unstored[entry.digest] = key
+        return Tree(entries)
 
     def store_sources(self, root: Path, paths) -> Tree:
         """The workspace files `paths` (relative to `root`) as a tree, their blobs stored and
@@ -475,9 +493,17 @@ class LocalCas:
             self._stamps.discard(digest[2:] + suffix)
 
     def read_bytes(self, entry: FileEntry) -> bytes:
-        if not self.verify(entry):
+        if not self.verify(entry) and not self._store_hashed(entry):
             raise CorruptBlob(f"blob {entry.digest[:16]} is missing or corrupted")
         return self.blob_path(entry.digest).read_bytes()
+
+    def _store_hashed(self, entry: FileEntry) -> bool:
+        """Store a source hash_sources hashed without storing, if it still has that content."""
+        key = self._unstored.pop(entry.digest, None)
+        if key is None:
+            return False
+        self._sources.discard(key)
+        return self.put_source(key).digest == entry.digest and self.verify(entry)
 
     def verify_tree(self, tree: Tree) -> list[str]:
         """Paths in `tree` whose blobs are missing or corrupted (bad ones are removed)."""

@@ -24,6 +24,7 @@ def trace_bytes(data: dict[str, Any]) -> tuple[str, bytes]:
 class Trace:
     def __init__(self, base: Path, tmp: Path, state: BuildState | None = None):
         self.root = base / "trace"  # the per-file traces of an older cache (read only)
+        self._old = self.root.is_dir()  # checked once: a cache made since the state file has none
         self.tmp = tmp
         self.state = state or BuildState(base / STATE_FILE)
         self._owned = state is None
@@ -34,8 +35,8 @@ class Trace:
 
     def load(self, label: str) -> dict[str, Any]:
         found = self.state.trace(label)
-        if found is not None:
-            return found
+        if found is not None or not self._old:
+            return found or {}
         try:
             return orjson.loads(self._path(label).read_bytes())
         except (FileNotFoundError, NotADirectoryError, ValueError):
