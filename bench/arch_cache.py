@@ -690,7 +690,9 @@ def main() -> int:
             src_root.mkdir()
             archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(src_root)], input=archive, check=True)
-            bg_cmd, bg_env = [sys.executable, "-m", "build_graph"], clean_env(PYTHONPATH=str(src_root))
+            # -P: without it, `-m` puts the current directory first on sys.path, and a bench started
+            # from the checkout ran the checkout's bgraph (edits made during the run included), not the snapshot.
+            bg_cmd, bg_env = [sys.executable, "-P", "-m", "build_graph"], clean_env(PYTHONPATH=str(src_root))
             subject = run(["git", "-C", str(REPO), "log", "-1", "--format=%s", commit])[1].stdout.strip()
             bg_version = f"commit {commit[:12]} ({subject})"
         print(f"bgraph: {bg_version}", flush=True)

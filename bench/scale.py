@@ -98,7 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.bgraph_path:
         ENV["PYTHONPATH"] = str(Path(args.bgraph_path).resolve())
-    bgraph = [sys.executable, "-m", "build_graph"]
+    bgraph = [sys.executable, "-P", "-m", "build_graph"]  # -P: never the current directory's bgraph
     rows = []
     template = Path(tempfile.mkdtemp(prefix="scale-toolchain-"))  # the shell toolchain, built once, untimed
     for n in (int(x) for x in args.sizes.split(",")):
