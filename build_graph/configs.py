@@ -24,29 +24,15 @@ from dataclasses import dataclass, field
 from graphlib import TopologicalSorter
 
 from build_graph.graph import static_order
-from build_graph.labels import Label, parse_label
+from build_graph.labels import Label, hashed_once, parse_label
 from build_graph.workspace import Workspace, host_platform
 
 
 @dataclass(frozen=True, order=True)
+@hashed_once("exec", "target")  # configs and configured targets key the build's tables, as labels do
 class Config:
     exec: str  # the platform actions run on
     target: str  # the platform the outputs are for
-
-    # Configs and configured targets key the build's tables: their dataclass hashes, computed
-    # once (as Label's; a pickle carries the fields alone).
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.exec, self.target)))
-
-    def __hash__(self) -> int:
-        try:
-            return self._hash
-        except AttributeError:
-            self.__post_init__()
-            return self._hash
-
-    def __reduce__(self):
-        return (Config, (self.exec, self.target))
 
     @property
     def cross(self) -> bool:
@@ -66,25 +52,13 @@ class Config:
 
 
 @dataclass(frozen=True, order=True)
+@hashed_once("label", "config")
 class Configured:
     """A label in a configuration: the engine's unit of planning."""
 
     label: Label
     config: Config
     tag: str = field(default="", compare=False)  # written in parentheses, like Bazel's configurations
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.label, self.config)))
-
-    def __hash__(self) -> int:
-        try:
-            return self._hash
-        except AttributeError:
-            self.__post_init__()
-            return self._hash
-
-    def __reduce__(self):
-        return (Configured, (self.label, self.config, self.tag))
 
     @property
     def package(self) -> str:

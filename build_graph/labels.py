@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -16,27 +17,38 @@ _RELATIVE_RE = re.compile(rf"^:(?P<name>{_NAME})$")
 _RECURSIVE_RE = re.compile(rf"^//(?:(?P<pkg>{_PKG})/)?\.\.\.$")
 
 
+def hashed_once(*fields: str):
+    """For a frozen dataclass (put below @dataclass): the hash dataclass would compute from
+    `fields`, computed once at construction, and a pickle of the constructor's arguments.
+
+    Labels and configured targets key every table of a build (a plan of 100,000 targets looks
+    them up millions of times, and dataclass's hash is a Python call building a tuple each time).
+    A pickle carries the fields alone (a str's hash differs from one process to the next); one
+    written before this was kept computes the hash on first use."""
+    def apply(cls):
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in fields)))
+
+        def __hash__(self) -> int:
+            try:
+                return self._hash
+            except AttributeError:
+                __post_init__(self)
+                return self._hash
+
+        def __reduce__(self):
+            return (cls, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+        cls.__post_init__, cls.__hash__, cls.__reduce__ = __post_init__, __hash__, __reduce__
+        return cls
+    return apply
+
+
 @dataclass(frozen=True, order=True)
+@hashed_once("package", "name")
 class Label:
     package: str
     name: str
-
-    # Labels key every table of a build (a plan of 100,000 targets looks them up millions of
-    # times, and the hash dataclass writes is a Python call building a tuple each time): the
-    # same hash, computed once. A pickle carries the fields alone (a str's hash differs from
-    # one process to the next): one written before this was kept computes it on first use.
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.package, self.name)))
-
-    def __hash__(self) -> int:
-        try:
-            return self._hash
-        except AttributeError:
-            self.__post_init__()
-            return self._hash
-
-    def __reduce__(self):
-        return (Label, (self.package, self.name))
 
     def __str__(self) -> str:
         return f"//{self.package}:{self.name}"
