@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from build_graph.errors import BgraphError, disk_full
 from build_graph.labels import expand, parse_label
-from build_graph.roots import chosen_cache, under
+from build_graph.roots import cache_root, chosen_cache
 
 if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fast
     from rich.console import Console
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported when a command runs, so `bgraph --help` starts fas
 
 def cache_dir(ws: Workspace, flag: str | None) -> Path:
     """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml defaults.cache_dir, else ~/.cache/bgraph."""
-    return chosen_cache(flag, ws.root) or under(ws.root, ws.model.defaults.cache_dir or "~/.cache/bgraph")
+    return cache_root(flag, ws.root, ws.model.defaults.cache_dir)
 
 
 def default_max_mem_mb() -> int:

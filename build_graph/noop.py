@@ -11,11 +11,11 @@ import dataclasses
 import os
 import pickle
 import platform
-
-import orjson
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from build_graph.roots import records_dir, user_config_path, workspace_root
 from build_graph.store import memo, uptodate
@@ -40,7 +40,7 @@ class Request:
 
 def request(args) -> Request | None:
     """The record of this build, or None where the build must take the full path whatever
-    changed (a dry run, --check, --json, --profile, uploads, an unreadable WORKSPACE.toml)."""
+    changed (a dry run, --check, --profile, uploads, an unreadable WORKSPACE.toml)."""
     if any(getattr(args, flag, None) for flag in _FULL_PATH_FLAGS):
         return None
     root = workspace_root(args.workspace)
@@ -76,7 +76,7 @@ class Previous:
         if as_json and entries is None:
             return False  # the memo lists the actions; without it, the full path does
         try:
-            restored = uptodate.restore_links(self.record)
+            restored = uptodate.restore_links(self.record, self.asked.store.parent)
         except OSError:
             restored = None
         if restored is None:

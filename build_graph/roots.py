@@ -34,12 +34,18 @@ def under(root: Path, chosen: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
+def cache_root(flag: str | None, root: Path, configured: str | None) -> Path:
+    """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml's [defaults] cache_dir (`configured`),
+    else ~/.cache/bgraph."""
+    return chosen_cache(flag, root) or under(root, configured or "~/.cache/bgraph")
+
+
 def records_dir(flag: str | None, root: Path) -> Path | None:
     """Where the no-op records of this workspace's builds are kept: `<cache>/v1/uptodate`, the cache
     chosen as the build will choose it (WORKSPACE.toml's [defaults] cache_dir read with tomllib
     alone); None where WORKSPACE.toml cannot be read (the build reports it)."""
-    cache = chosen_cache(flag, root)
-    if cache is None:
+    configured = None
+    if chosen_cache(flag, root) is None:
         import tomllib
         try:
             with open(root / "WORKSPACE.toml", "rb") as f:
@@ -48,8 +54,7 @@ def records_dir(flag: str | None, root: Path) -> Path | None:
             return None
         if configured is not None and not isinstance(configured, str):
             return None
-        cache = under(root, configured or "~/.cache/bgraph")
-    return cache / "v1" / "uptodate"
+    return cache_root(flag, root, configured) / "v1" / "uptodate"
 
 
 def user_config_path() -> Path:

@@ -183,9 +183,9 @@ def test_a_link_put_back_is_checked_against_a_collection_that_ran_meanwhile(make
     [path] = records(ws)
     record = uptodate.Record.from_bytes(path.read_bytes())
     (ws.root / "bgraph-out/p/b").unlink()
-    generation = next(p for p in record.extra if p.endswith("/v1/generation"))
-    uptodate.bump_generation(Path(generation).parent)  # as a gc between the checks and the relink would
-    assert uptodate.restore_links(record) is None
+    layout = path.parent.parent  # <cache>/v1, where the records are kept
+    uptodate.bump_generation(layout)  # as a gc between the checks and the relink would
+    assert uptodate.restore_links(record, layout) is None
 
 
 def test_records_live_in_the_cache_the_build_will_choose(tmp_path, monkeypatch):

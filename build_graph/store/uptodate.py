@@ -181,12 +181,12 @@ def outputs_hold(record: Record) -> bool:
     return all(stamp_of(p) == s for p, s in record.outputs.items())
 
 
-def restore_links(record: Record) -> int | None:
+def restore_links(record: Record, layout_root: Path) -> int | None:
     """Put back the recorded bgraph-out links that were removed or re-pointed, where the trees
-    they led to are still whole in the cache (their files' stamps as recorded); returns how many,
-    or None where one cannot be restored (the build relinks it). Checked again after relinking,
-    under the cache's gc lock, against the generation: a collection that ran meanwhile (it may
-    have taken a tree no link rooted) makes this None."""
+    they led to are still whole in the cache at `layout_root` (their files' stamps as recorded);
+    returns how many, or None where one cannot be restored (the build relinks it). Checked again
+    after relinking, under the cache's gc lock, against the generation: a collection that ran
+    meanwhile (it may have taken a tree no link rooted) makes this None."""
     missing = []
     for link, target in record.links.items():
         try:
@@ -204,11 +204,13 @@ def restore_links(record: Record) -> int | None:
             os.unlink(fresh)
         os.symlink(target, fresh)
         os.replace(fresh, link)  # renamed over: a reader never finds the link missing
-    generation = next((p for p in record.extra if p.endswith("/v1/generation")), None)
-    if generation is None:
+    generation = str(generation_path(layout_root))
+    if generation not in record.extra:  # a record of another cache
         return None
     import fcntl
-    fd = os.open(os.path.join(os.path.dirname(generation), "gc.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+
+    from build_graph.store.lease import gc_lock_path
+    fd = os.open(gc_lock_path(layout_root), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         whole = stamp_of(generation) == record.extra[generation] and all(
