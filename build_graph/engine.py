@@ -4,10 +4,8 @@ scheduler, store results, record reasons in the trace, and tell the reporter."""
 from __future__ import annotations
 
 import errno
-import os
 import pickle
 import random
-import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -25,6 +23,7 @@ from build_graph.planner import TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss, Rebuilder
 from build_graph.scheduler import Scheduler
+from build_graph.store import atomic
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
@@ -231,13 +230,7 @@ class Engine:
             self.cas.put_tree(tree)  # so `bgraph cache gc` can keep the blobs of a rooted tree
             path = self.cas.materialize(tree)
             link = out_dir / label.out_path()
-            link.parent.mkdir(parents=True, exist_ok=True)
-            # A new link renamed over the old one: two builds linking the same target at once
-            # (or a reader) never find it missing, where unlink-then-symlink raced (FileExistsError).
-            fresh = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}")
-            fresh.unlink(missing_ok=True)
-            fresh.symlink_to(path)
-            os.replace(fresh, link)
+            atomic.symlink(link, path)
             self.cas.add_root(link)
             links[str(label)] = link
         return links

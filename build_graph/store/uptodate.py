@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from build_graph.store import atomic
 from build_graph.store.atomic import write_bytes
 
 RECORD_DIR = ".uptodate"  # under bgraph-out/: the kept parse (store/parsed.py)
@@ -198,12 +199,7 @@ def restore_links(record: Record, layout_root: Path) -> int | None:
     if not all(stamp_of(p) == s for p, s in record.outputs.items()):
         return None
     for link, target in missing:
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        fresh = f"{os.path.dirname(link)}/.{os.path.basename(link)}.{os.getpid()}"
-        if os.path.lexists(fresh):
-            os.unlink(fresh)
-        os.symlink(target, fresh)
-        os.replace(fresh, link)  # renamed over: a reader never finds the link missing
+        atomic.symlink(link, target)
     generation = str(generation_path(layout_root))
     if generation not in record.extra:  # a record of another cache
         return None
