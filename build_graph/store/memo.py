@@ -87,20 +87,19 @@ class Reuse:
     generation: Path  # the cache's generation file, checked again once the reused keys are held
     generation_stamp: list | None
 
+    def _touched(self, e: Entry) -> bool:
+        """Whether a changed file (or one the stamps cannot see) is among the target's sources."""
+        return e.volatile or not self.changed.isdisjoint(e.sources)
+
     def entry(self, label: str) -> Entry | None:
         """The memo's entry for a target none of whose own sources changed, else None."""
         e = self.entries.get(label)
-        if e is None or e.volatile or (self.changed and not self.changed.isdisjoint(e.sources)):
-            return None
-        return e
+        return None if e is None or self._touched(e) else e
 
     def affected(self) -> set[str]:
         """The targets a changed source reaches: those reading one (or a volatile source), and
         everything that depends on them. The rest are taken as they were, unvisited."""
-        changed, todo = self.changed, []
-        for name, e in self.entries.items():
-            if e.volatile or not changed.isdisjoint(e.sources):
-                todo.append(name)
+        todo = [name for name, e in self.entries.items() if self._touched(e)]
         if not todo:
             return set()
         dependents: dict[str, list[str]] = {}
