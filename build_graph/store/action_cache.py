@@ -9,6 +9,7 @@ import orjson
 
 from build_graph.model import ActionResult
 from build_graph.store.atomic import write_json
+from build_graph.store.listing import MissListing
 
 
 class LocalActionCache:
@@ -19,21 +20,39 @@ class LocalActionCache:
         self.tmp = tmp
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
+        self._listing = MissListing(self.keys)
+
+    def keys(self) -> list[str]:
+        """Every key with an entry (one walk of the shard directories)."""
+        out = []
+        with os.scandir(self._root) as shards:
+            for shard in shards:
+                if len(shard.name) == 2 and shard.is_dir():
+                    with os.scandir(shard.path) as names:
+                        out += [shard.name + n.name[:-5] for n in names
+                                if n.name.endswith(".json") and not n.name.endswith(".reads.json")]
+        return out
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key[2:]}.json"
 
     def get(self, key: str) -> ActionResult | None:
-        try:  # a string path: a plan of 100,000 new actions looks up 100,000 absent entries
+        if self._listing.absent(key):  # a plan of 100,000 new actions looks up 100,000 absent entries
+            return None
+        try:
             with open(f"{self._root}/{key[:2]}/{key[2:]}.json", "rb") as f:
                 return ActionResult.from_json(orjson.loads(f.read()))
-        except (FileNotFoundError, ValueError, TypeError, KeyError):
+        except FileNotFoundError:
+            self._listing.missed()
+            return None
+        except (ValueError, TypeError, KeyError):
             return None
 
     def put(self, key: str, result: ActionResult) -> None:
         dest = self._path(key)
         dest.parent.mkdir(exist_ok=True)
         write_json(dest, result.to_json(), self.tmp, sort_keys=True)
+        self._listing.added(key)
 
     def touch(self, key: str) -> None:
         """Record a use of the entry (its mtime orders `bgraph cache gc --max-size`)."""

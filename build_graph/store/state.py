@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree
+from build_graph.store.listing import MissListing
 
 SCHEMA = "1"  # bump on any change of the tables or of the encodings below
 STATE_FILE = f"state-v{SCHEMA}.sqlite"
@@ -70,6 +71,9 @@ class BuildState:
         self._traces: dict[str, tuple[str, bytes]] = {}
         self._first_pending: float | None = None
         self.usable = True
+        # After many misses, each table's keys are read once (store/listing.py).
+        self._listed_results = MissListing(lambda: self._column("SELECT key FROM results"))
+        self._listed_traces = MissListing(lambda: self._column("SELECT label FROM traces"))
 
     def _conn(self) -> sqlite3.Connection | None:
         if self._db is None and self.usable:
@@ -107,11 +111,28 @@ class BuildState:
         except sqlite3.Error:
             return None
 
+    def _column(self, sql: str) -> list[str]:
+        db = self._conn()
+        if db is None:
+            raise sqlite3.Error("no state file")
+        with self._lock:
+            return [v for (v,) in db.execute(sql)]
+
+    def _row(self, listing: MissListing, key: str, sql: str) -> Any:
+        """The row `sql` finds for `key`, unless the listing knows it absent."""
+        if listing.absent(key):
+            return None
+        row = self._query(sql, (key,))
+        if row is None:
+            listing.missed()
+        return row
+
     # -- action results --------------------------------------------------------------------
     def result(self, key: str, digester: Digester) -> tuple[ActionResult, Tree | None] | None:
         """The result filed under `key` and, for a small output, its tree (its digest known)."""
         pending = self._results.get(key)
-        row = pending if pending is not None else self._query("SELECT result, tree FROM results WHERE key = ?", (key,))
+        row = pending if pending is not None else self._row(self._listed_results, key,
+                                                            "SELECT result, tree FROM results WHERE key = ?")
         if row is None:
             return None
         try:
@@ -126,6 +147,7 @@ class BuildState:
         with self._lock:
             self._results[key] = (orjson.dumps(result.to_json()).decode(), encode_tree(tree) if small else None)
             self._pending()
+        self._listed_results.added(key)
 
     def drop_results(self, keys) -> None:
         """Forget results (an entry found corrupt, or collected)."""
@@ -149,13 +171,14 @@ class BuildState:
         pending = self._traces.get(label)
         if pending is not None:
             return pending[0]
-        row = self._query("SELECT digest FROM traces WHERE label = ?", (label,))
+        row = self._row(self._listed_traces, label, "SELECT digest FROM traces WHERE label = ?")
         return row[0] if row else None
 
     def trace(self, label: str) -> dict[str, Any] | None:
         """The trace recorded for `label` (None: none in this file)."""
         pending = self._traces.get(label)
-        row = pending if pending is not None else self._query("SELECT digest, trace FROM traces WHERE label = ?", (label,))
+        row = pending if pending is not None else self._row(self._listed_traces, label,
+                                                            "SELECT digest, trace FROM traces WHERE label = ?")
         if row is None:
             return None
         try:
@@ -176,6 +199,7 @@ class BuildState:
         with self._lock:
             self._traces[label] = (digest, encoded)
             self._pending()
+        self._listed_traces.added(label)
 
     # -- writing -----------------------------------------------------------------------------
     def _pending(self) -> None:
