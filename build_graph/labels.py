@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -56,17 +57,27 @@ class Label:
 
 def parse_label(text: str, *, package: str | None = None, where: str | None = None) -> Label:
     """Parse `//pkg:name` (or `:name` relative to `package`)."""
+    label = _parsed(text, package)
+    if label is not None:
+        return label
+    raise LabelError(
+        f"bad label {text!r}",
+        where=where,
+        hint="labels look like //package:name (letters, digits, '_.+-'; packages separated by '/')",
+    )
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _parsed(text: str, package: str | None) -> Label | None:
+    """The label `text` names (None: not a label), memoized: planning parses each dependency
+    text three times (configure, the cycle check, the rule's plan)."""
     m = _LABEL_RE.match(text)
     if m:
         return Label(m.group("pkg") or "", m.group("name"))
     m = _RELATIVE_RE.match(text)
     if m and package is not None:
         return Label(package, m.group("name"))
-    raise LabelError(
-        f"bad label {text!r}",
-        where=where,
-        hint="labels look like //package:name (letters, digits, '_.+-'; packages separated by '/')",
-    )
+    return None
 
 
 @dataclass(frozen=True)
