@@ -33,11 +33,12 @@ def default_max_mem_mb() -> int:
 
 
 def _workspace(args) -> Workspace:
+    from build_graph.graph import checked
     from build_graph.roots import workspace_root
     from build_graph.store import parsed
     from build_graph.workspace import load
 
-    return parsed.load(workspace_root(args.workspace), load)
+    return parsed.load(workspace_root(args.workspace), lambda root: checked(load(root)))
 
 
 def cmd_build(args, console: Console) -> int:

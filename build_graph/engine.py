@@ -7,7 +7,7 @@ import errno
 import pickle
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,13 +82,14 @@ class BuildResult:
         return sum(1 for r in self.records if r.status == status)
 
     def summary(self) -> dict[str, Any]:
+        counts = Counter(r.status for r in self.records)  # one pass: a dry run has 100,000 records
         return {
             "ok": not self.failures,
-            "executed": self.count("executed"),
-            "hits": self.count("hit") + self.reused_hits,
-            "cut_off": self.count("cutoff"),
-            "failed": self.count("failed"),
-            "would_run": self.count("would-run"),
+            "executed": counts["executed"],
+            "hits": counts["hit"] + self.reused_hits,
+            "cut_off": counts["cutoff"],
+            "failed": counts["failed"],
+            "would_run": counts["would-run"],
             "differing": [f"{r.label} {r.name}" for r in self.records if r.differs],
             "wall_s": round(self.wall_s, 3),
             # CPU of the executed actions' processes, where the host lets the sandbox account it (else 0)
@@ -143,8 +144,10 @@ class Engine:
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state)
-        if self.options.reuse is None:  # offered only while no target file changed since a build that checked
-            dependency_map(ws)  # a cycle is an error before anything runs
+        # A cycle is an error before anything runs. Reuse is offered only while no target file
+        # changed since a build that checked; a kept parse says whether it was checked.
+        if self.options.reuse is None and not ws.acyclic:
+            dependency_map(ws)
         self._sandbox = None
         self._fetcher = None
         self._host_cache: dict[tuple[str, ...], tuple[HostTool, ...]] = {}

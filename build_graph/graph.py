@@ -6,11 +6,12 @@ networkx, imported when a query asks for it (it is a tenth of a no-op build's st
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from graphlib import CycleError, TopologicalSorter
 from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeVar
 
-from build_graph.errors import GraphError, QueryError
+from build_graph.errors import BgraphError, GraphError, QueryError
 from build_graph.labels import Label, expand, parse_label
 from build_graph.workspace import Workspace
 
@@ -71,6 +72,18 @@ def dependency_map(ws: Workspace) -> DependencyMap:
         except CycleError as err:
             raise _cycle_error(ws, err.args[1]) from None
     return deps
+
+
+def checked(ws: Workspace) -> Workspace:
+    """`ws`, marked acyclic where its static dependency graph has no cycle and names only good
+    labels. Done as part of the parse, and kept with it: a build whose target files did not
+    change skips the check (a twentieth of planning 100,000 targets). Where it fails the mark
+    is left off, and the build checks again and reports what it finds."""
+    try:
+        dependency_map(ws)
+    except BgraphError:
+        return ws
+    return dataclasses.replace(ws, acyclic=True)
 
 
 def _cycle_error(ws: Workspace, found: list[Label]) -> GraphError:

@@ -167,6 +167,9 @@ class Workspace:
     root: Path
     model: WorkspaceModel
     targets: dict[Label, Target]
+    # The static dependency graph was found free of cycles (graph.checked), with the parse: a
+    # build from a kept parse (store/parsed.py) then skips the check.
+    acyclic: bool = False
 
     @property
     def digest_function(self) -> str:
