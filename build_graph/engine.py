@@ -19,7 +19,7 @@ from build_graph.graph import dependency_map
 from build_graph.configs import Configured
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Outcome, TargetOutput, Tree
-from build_graph.planner import TargetPlan, plan_target
+from build_graph.planner import SourceFiles, TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss, Rebuilder
 from build_graph.scheduler import Scheduler
@@ -282,7 +282,8 @@ class _BuildRun:
         self.order = self.graph.order
         # A missing source is a load error: report it before running anything (kept for planning).
         # A target the memo knows had these same files then (no file was added or removed).
-        self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label])
+        files = SourceFiles(engine.ws.root)
+        self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label], files)
                          for label in self.order if self.reuse is None or str(label) not in self.reuse.entries}
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []

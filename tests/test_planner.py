@@ -109,3 +109,26 @@ def test_a_source_is_a_file_exactly_when_pathlib_says_so(tmp_path):
     for path in ["d/f.txt", "d", "d/", "d/f.txt/", "d//f.txt", "./d/f.txt", "d/./f.txt", "missing", "d/f.txt/x",
                  "link", "loop", "dangling", "", "."]:
         assert _is_file(str(tmp_path), path) == (tmp_path / path).is_file(), path
+
+
+def test_a_listed_directory_answers_as_stat_does(tmp_path):
+    """SourceFiles lists a directory asked about often and answers from the listing: the same
+    answers as `_is_file` for every kind of entry, before and after the listing."""
+    from build_graph.planner import SourceFiles, _is_file
+
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for i in range(40):
+        (tmp_path / "d" / f"f{i}.txt").write_text("x")
+    (tmp_path / "d" / "link").symlink_to("f0.txt")
+    (tmp_path / "d" / "dirlink").symlink_to("sub")
+    (tmp_path / "d" / "dangling").symlink_to("nowhere")
+    (tmp_path / "top.txt").write_text("x")
+    paths = [f"d/f{i}.txt" for i in range(40)] + ["d/sub", "d/link", "d/dirlink", "d/dangling", "d/missing",
+                                                  "d/", "d//f1.txt", "d/./f1.txt", "d/f1.txt/", "top.txt", "nope"]
+    files = SourceFiles(tmp_path)
+    for _ in range(2):  # the second round is answered from the listings
+        for path in paths:
+            assert files.is_file(path) == _is_file(str(tmp_path), path), path
+    assert "d" in files._listed and "" not in files._listed  # the root was asked about twice only
+    (tmp_path / "d" / "f1.txt").unlink()  # listed once per build: a build sees its start
+    assert files.is_file("d/f1.txt") and not SourceFiles(tmp_path).is_file("d/f1.txt")
