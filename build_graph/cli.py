@@ -581,11 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     # A build allocates millions of small objects that live to its end (targets, keys, trees):
     # the default young-generation threshold (700) ran the collector over them again and again,
     # a third of planning 100,000 targets; peak memory is the same with this one. The middle
-    # generation is collected after 1,000 young ones (50 million allocations), not 20: each of
-    # its collections walked every survivor since the last (0.2 s apiece, 0.5 s of planning
-    # 100,000 targets) to free few cycles (40,000 objects there, against 660,000 freed young;
-    # peak memory unchanged).
-    gc.set_threshold(50_000, 1000, 100)
+    # generation is collected after 100 young ones (5 million allocations), not 20: each of its
+    # collections walked every survivor since the last (0.2 s apiece, 0.5 s of planning 100,000
+    # targets, which now needs none) to free few cycles (40,000 objects there, against 660,000
+    # freed young; peak memory unchanged).
+    gc.set_threshold(50_000, 100, 100)
     args = parser().parse_args(argv)
     if args.command == "exec" and args.argv[:1] == ["--"]:
         args.argv = args.argv[1:]
