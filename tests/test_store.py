@@ -184,6 +184,27 @@ def test_materialize(cas):
     assert leftovers(cas) == []
 
 
+def test_a_blob_stored_is_trusted_by_the_next_build_until_it_is_written(cas, tmp_path, monkeypatch):
+    """The stamp of a blob is recorded when it is stored (its bytes were hashed then): the next
+    build does not hash it again (a fetched toolchain was re-hashed by the first build that
+    used it); a write to it moves its stamp and is caught."""
+    import build_graph.store.cas as cas_module
+
+    a = cas.put_bytes(b"stored once" * 100)
+    x = cas.put_bytes(b"#!/bin/sh\n", executable=True)
+    cas.materialize(Tree({"f": a, "bin/x": x}))  # makes x's executable copy
+    cas.save_stamps()
+    hashed = []
+    real = cas_module.hash_file
+    monkeypatch.setattr(cas_module, "hash_file", lambda path, d: hashed.append(path) or real(path, d))
+    later = LocalCas(tmp_path / "cache", B3)
+    assert later.verify(a) and later.verify(x) and hashed == []
+    path = cas.blob_path(a.digest)
+    path.chmod(0o644)
+    path.write_bytes(b"STORED ONCE" * 100)  # same size, other bytes
+    assert not LocalCas(tmp_path / "cache", B3).verify(a) and hashed
+
+
 def test_materializing_keeps_the_verify_stamps_current(cas, tmp_path):
     """Linking a verified blob into a tree moves its ctime; the stamp follows, so the next
     build trusts the blob without re-hashing it (the gc test flaked on this at a clock tick)."""
