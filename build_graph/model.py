@@ -86,6 +86,19 @@ def check_relpath(path: str) -> str:
 _DIR = object()  # a child that is a directory, while directory nodes are computed
 
 
+def _kids_of(children: dict[str, dict[str, Any]], d: str) -> dict[str, Any]:
+    """The children of directory `d`, creating it and its ancestors (each parent names it as a
+    directory unless that name is already taken). A function of the module, not a closure: a
+    recursive closure is a reference cycle, and one per tree left 7 objects per target of a
+    plan for the collector."""
+    kids = children.get(d)
+    if kids is None:
+        kids = children[d] = {}
+        up, _, name = d.rpartition("/")
+        _kids_of(children, up).setdefault(name, _DIR)
+    return kids
+
+
 class Tree:
     """An immutable directory tree: relative posix path -> FileEntry | SymlinkEntry | DirEntry."""
 
@@ -196,24 +209,13 @@ class Tree:
 
     def _directory_nodes(self, digester: Digester) -> dict[str, tuple[str, bytes]]:
         children: dict[str, dict[str, Any]] = {"": {}}
-
-        def kids_of(d: str) -> dict[str, Any]:
-            """The children of directory `d`, creating it and its ancestors (each parent
-            names it as a directory unless that name is already taken)."""
-            kids = children.get(d)
-            if kids is None:
-                kids = children[d] = {}
-                up, _, name = d.rpartition("/")
-                kids_of(up).setdefault(name, _DIR)
-            return kids
-
         for path, entry in self.entries.items():
             up, _, name = path.rpartition("/")
             if isinstance(entry, DirEntry):
-                kids_of(path)
-                kids_of(up)[name] = _DIR
+                _kids_of(children, path)
+                _kids_of(children, up)[name] = _DIR
             else:
-                kids_of(up)[name] = entry
+                _kids_of(children, up)[name] = entry
         nodes: dict[str, tuple[str, bytes]] = {}
         # Deepest first so every subdirectory digest is known before its parent's.
         for d in sorted(children, key=lambda s: (s.count("/") + (1 if s else 0)), reverse=True):
