@@ -73,14 +73,22 @@ def restamp_linked(stamps: JsonTable, blob: Path) -> None:
         stamps.set(blob.name, stat_stamp(st))
 
 
+_read_buffers = threading.local()
+
+
 def hash_file(path: str | os.PathLike, digester: Digester) -> str:
-    """The digest of a file's bytes, read in chunks (a small file in one read of its descriptor:
-    a plan of 100,000 sources spent a tenth of its time in the buffered file layer)."""
+    """The digest of a file's bytes, read in chunks into this thread's one buffer. Reading into
+    a new 1 MiB bytes object per file cost its allocation and page faults (up to 16 µs a file,
+    however small); the buffered file layer cost 7 µs: a plan of 100,000 sources is 100,000 reads."""
+    buf = getattr(_read_buffers, "buf", None)
+    if buf is None:
+        buf = _read_buffers.buf = bytearray(CHUNK)
+    view = memoryview(buf)
     h = digester.new()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        while chunk := os.read(fd, CHUNK):
-            h.update(chunk)
+        while n := os.readv(fd, (buf,)):
+            h.update(view[:n])
     finally:
         os.close(fd)
     return h.hexdigest()
