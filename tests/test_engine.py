@@ -440,7 +440,7 @@ def overlap_s(intervals: dict[str, tuple[int, int]]) -> float:
 
 @pytest.fixture
 def scheduler_spy(monkeypatch):
-    import build_graph.engine as engine
+    import build_graph.build_run as build_run
     made: list[Scheduler] = []
 
     class Spy(Scheduler):
@@ -448,7 +448,7 @@ def scheduler_spy(monkeypatch):
             super().__init__(*a, **kw)
             made.append(self)
 
-    monkeypatch.setattr(engine, "Scheduler", Spy)
+    monkeypatch.setattr(build_run, "Scheduler", Spy)
     return made
 
 
@@ -575,10 +575,10 @@ def test_dry_run_lists_what_would_run_and_runs_nothing(make_ws):
 @requires_bwrap
 def test_dry_run_keeps_no_plan_of_a_target_that_waits(make_ws):
     """A dry run of 100,000 targets held every waiting target's plan (2 GiB); it drops them."""
-    from build_graph.engine import _BuildRun
+    from build_graph.build_run import BuildRun
     from build_graph.labels import parse_label
     ws = make_ws(CUTOFF)
-    run = _BuildRun(ws.engine(dry_run=True), [parse_label("//p:b")])
+    run = BuildRun(ws.engine(dry_run=True), [parse_label("//p:b")])
     result = run.run()
     assert [str(t) for t in result.unplanned] == ["//p:a", "//p:b"] and result.count("would-run") == 1
     assert not run.targets

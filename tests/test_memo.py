@@ -1,4 +1,4 @@
-"""The per-target memo (store/memo.py, noop.Previous.reuse, engine._BuildRun._reused): after an
+"""The per-target memo (store/memo.py, noop.Previous.reuse, build_run.BuildRun._reused): after an
 edit of file contents only, targets none of whose sources changed and whose dependencies'
 outputs are as they were are taken from the last build unplanned; anything else takes the full
 path, and the outputs are always those a full build gives."""

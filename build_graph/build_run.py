@@ -1,0 +1,328 @@
+"""One build's loop: plan targets in dependency order, ask the rebuilder, run misses on the
+scheduler, store results, record reasons in the trace, and tell the reporter. A BuildRun holds
+the state of one build (engine.Engine keeps none between builds)."""
+
+from __future__ import annotations
+
+import errno
+import pickle
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from build_graph import configs
+from build_graph.configs import Configured
+from build_graph.engine import ActionRecord, BuildResult, Engine
+from build_graph.errors import ActionFailed, BgraphError, PlanError, disk_full
+from build_graph.labels import Label
+from build_graph.model import Action, ActionResult, Outcome, Tree
+from build_graph.planner import SourceFiles, TargetPlan, plan_target
+from build_graph.profile import Profile
+from build_graph.rebuilder import Hit, Miss
+from build_graph.scheduler import Scheduler
+from build_graph.store.memo import Entry
+from build_graph.store.trace import trace_bytes
+
+
+@dataclass
+class _TargetState:
+    """One target's progress within one build."""
+
+    plan: TargetPlan
+    sources: tuple[str, ...]  # its sources' workspace paths (for the memo)
+    load_trace: Any  # () -> the whole trace the last build left (read on a first miss only)
+    recorded_digest: Any  # () -> its digest, where the state file has it (asked when it completes)
+    trace_actions: dict[str, Any] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    executed_any: bool = False  # an action of this target ran: later hits here are cut off
+    running: int = 0  # actions submitted and not yet finished
+
+    _previous: dict[str, Any] | None = None
+
+    def previous(self, name: str) -> dict[str, Any] | None:
+        """What the last build recorded for action `name` (to explain a miss)."""
+        if self._previous is None:
+            self._previous = self.load_trace().get("actions", {})
+        return self._previous.get(name)
+
+
+class BuildRun:
+    """The mutable state of one build; the Engine keeps none between builds."""
+
+    def __init__(self, engine: Engine, labels: list[Label]):
+        self.e = engine
+        self.labels = configs.requested(engine.ws, labels, engine.options.exec_platform, engine.options.platform)
+        self.outputs = configs.Outputs()
+        self.memo: dict[str, Any] = {}  # str(target) -> memo.Entry, as this build leaves it
+        self.reused = self.reused_hits = 0  # targets (and their actions) taken from the memo
+        self.reuse = self._reusable(engine)
+        part = self.reuse.subgraph(self.labels) if self.reuse is not None else None
+        if part is not None:  # only the targets an edited source reaches are visited
+            self.graph, prebuilt, visited = part
+            self.outputs.update(prebuilt)
+            self.memo.update((n, e) for n, e in self.reuse.entries.items() if n not in visited)
+            self.reused, self.reused_hits = self.reuse.untouched(visited)
+        else:
+            self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
+        self.order = self.graph.order
+        # A missing source is a load error: report it before running anything (kept for planning).
+        # A target the memo knows had these same files then (no file was added or removed).
+        files = SourceFiles(engine.ws.root)
+        self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label], files)
+                         for label in self.order if self.reuse is None or str(label) not in self.reuse.entries}
+        self.records: list[ActionRecord] = []
+        self.failures: list[BgraphError] = []
+        self.failed: set[Configured] = set()
+        self.dirty: set[Configured] = set()  # targets that executed an action in this build
+        self.remaining = set(self.order)  # targets not planned yet
+        # Dependency counting (Kahn): a target becomes ready when its last dependency is built.
+        self.deps = self.graph.deps
+        self.waiting_on = {label: {d for d in ds if d not in self.outputs} for label, ds in self.deps.items()}
+        self.dependents: dict[Configured, list[Configured]] = {label: [] for label in self.order}
+        for label, ds in self.waiting_on.items():
+            for d in ds:
+                self.dependents[d].append(label)
+        self.ready = deque(label for label in self.order if not self.waiting_on[label])
+        self.targets: dict[Configured, _TargetState] = {}
+        # future -> (label, plan slot, action, miss reason, cached tree under --check)
+        self.inflight: dict[Future, tuple[Configured, Any, Action, str, Tree | None]] = {}
+        self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
+                                   stop_on_failure=not engine.options.keep_going)
+        self.stopping = False
+        self.profile = Profile(engine.options.jobs) if engine.options.profile else None
+        # --check-sample N: re-execute N of the actions the last build recorded for these targets.
+        n = engine.options.check_sample
+        self.sample = engine._sample_keys(self.order, n) if n else None
+
+    @staticmethod
+    def _reusable(e: Engine):
+        """The memo this build may take targets from (store/memo.py), its action keys held first
+        so that no collection removes what a reused target's dependents will read."""
+        reuse, o = e.options.reuse, e.options
+        if reuse is None or e.variant.name or o.dry_run or o.check or e.remote is not None:
+            return None
+        e.cas.holds.hold_many("key", reuse.keys())
+        return reuse if reuse.still_valid() else None
+
+    def run(self) -> BuildResult:
+        start = time.monotonic()
+        self.e.reporter.start(len(self.order))
+        try:
+            self._start_ready()
+            while self.inflight:
+                done, _ = wait(list(self.inflight), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    taken, (label, _slot, action, *_rest) = time.monotonic(), self.inflight[fut]
+                    self._finished(fut)
+                    self.e.state.maybe_flush()
+                    if self.profile is not None:
+                        self.profile.plan(f"take back {label} {action.name}", taken)
+                if not self.stopping:
+                    self._start_ready()
+        except KeyboardInterrupt:
+            self.scheduler.cancel_pending()
+            if self.e._sandbox is not None:
+                self.e._sandbox.stop()
+            self.scheduler.join()
+            raise
+        finally:
+            self.e.reporter.finish()
+            self.e.cas.save_stamps()
+            self.e.state.flush()
+            self.e.peaks.save()
+            self.e.host_probes.save()
+        self.scheduler.join()
+        if not self.failures and self.remaining and not self.e.options.dry_run:
+            left = [t for t in self.order if t in self.remaining]
+            self.failures.append(ActionFailed("targets left unbuilt: " + ", ".join(map(str, left))))
+        unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
+        return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
+                           unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile,
+                           self.memo, self.reused, self.reused_hits)
+
+    def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
+        self.records.append(rec)
+        if state is not None and rec.status != "failed":
+            state.records.append(dict(rec.__dict__))
+        self.e.reporter.action_done(rec)
+
+    def _fail(self, label: Configured, err: BgraphError) -> None:
+        self.failures.append(err)
+        self._mark_failed(label)
+        if not self.e.options.keep_going:
+            self.stopping = True
+            self.scheduler.cancel_pending()
+
+    def _mark_failed(self, label: Configured) -> None:
+        """`label` failed: so does everything that needs it (they never become ready)."""
+        stack = [label]
+        while stack:
+            t = stack.pop()
+            if t in self.failed:
+                continue
+            self.failed.add(t)
+            self.remaining.discard(t)
+            self.targets.pop(t, None)
+            stack.extend(self.dependents.get(t, ()))
+
+    def _built(self, label: Configured) -> None:
+        for t in self.dependents[label]:
+            self.waiting_on[t].discard(label)
+            if not self.waiting_on[t] and t in self.remaining:
+                self.ready.append(t)
+
+    def _start_ready(self) -> None:
+        """Plan every target whose dependencies are built."""
+        e = self.e
+        while self.ready and not self.stopping:
+            label = self.ready.popleft()
+            if label not in self.remaining:
+                continue  # failed meanwhile
+            self.remaining.discard(label)
+            if self.reuse is not None and self._reused(label):
+                continue
+            target = e.ws.targets[label.label]
+            planned = time.monotonic()
+            try:
+                expanded = self.expanded.pop(label) if label in self.expanded else e.variant.expand(e.ws, target)
+                sources = e.variant.store(e.cas, e.ws.root, expanded, hash_only=e.options.dry_run)
+                plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
+                                   sources, expanded, e.cas.read_bytes, e.probe_host)
+                self.targets[label] = _TargetState(plan, tuple(p for ps in expanded.values() for p in ps),
+                                                   lambda name=str(label): e.trace.load(name),
+                                                   lambda name=str(label): e.trace.digest(name))
+                self._dispatch(label, plan.start())
+            except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
+                self._fail(label, self._as_error(label, err))
+            if self.profile is not None:
+                self.profile.plan(f"plan {label}", planned)
+
+    def _reused(self, label: Configured) -> bool:
+        """Take `label` as the last build left it, if none of its sources changed and each
+        dependency's output is the one it was built from (store/memo.py)."""
+        name = str(label)
+        entry = self.reuse.entry(name)
+        if entry is None:
+            return False
+        entries = self.reuse.entries
+        for dep in self.deps[label]:
+            was = entries.get(str(dep))
+            if was is None or self.outputs[dep] != was.output:
+                return False
+        self.outputs[label] = entry.output
+        self.memo[name] = entry
+        self.reused += 1
+        for action, mnemonic, key in entry.actions:
+            self._record(None, ActionRecord(name, action, mnemonic, key, "hit", "no input changed since the last build"))
+        self._built(label)
+        self.e.reporter.target_done(label)
+        return True
+
+    def _dispatch(self, label: Configured, ready: list) -> None:
+        """Check each ready action: a hit completes its slot at once (possibly readying more),
+        a miss goes to the scheduler. The target is done when its plan returns."""
+        e, state = self.e, self.targets[label]
+        # Only _finished changes these, so a hit in this call is cut off or not for all of them.
+        upstream_dirty = state.executed_any or any(d in self.dirty for d in self.deps[label])
+        while ready:
+            slot, action = ready.pop(0)
+            decision = e.rebuilder.check(action, lambda name=action.name: state.previous(name))
+            key, description = action.traced(e.digester)
+            state.trace_actions[action.name] = {"key": key, "description": description}
+            checked = e._check_this(key, self.sample)  # --check samples by the traced key
+            if isinstance(decision, Hit) and decision.key:
+                key = decision.key  # filed under its narrowed key
+            if isinstance(decision, Hit) and not checked:
+                status = "cutoff" if upstream_dirty else "hit"
+                why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
+                self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
+                ready += state.plan.complete(slot, Outcome(action, decision.tree, status))
+                continue
+            if isinstance(decision, Miss):
+                reason, cached = decision.reason, None
+            else:
+                reason, cached = "--check: re-executing to compare outputs", decision.tree
+            if e.options.dry_run:  # this target (and what needs it) can plan no further
+                self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "would-run", reason))
+                continue
+            e.reporter.action_started(label, action)
+            budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
+            fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
+            self.inflight[fut] = (label, slot, action, reason, cached)
+            state.running += 1
+        if e.options.dry_run and state.plan.output is None and not state.running:
+            del self.targets[label]  # it waits on actions that will not run: its plan can go (100,000 of them)
+            return
+        if state.plan.output is not None and not state.running:
+            self.outputs[label] = state.plan.output
+            self.memo[str(label)] = Entry(state.sources, state.plan.output,
+                                          tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records),
+                                          tuple(map(str, self.deps[label])),
+                                          pickle.dumps((label, self.graph.dep_labels[label]), pickle.HIGHEST_PROTOCOL))
+            self._built(label)
+            trace = {"actions": state.trace_actions, "last_build": state.records}
+            encoded = trace_bytes(trace)
+            if encoded[0] != state.recorded_digest():  # a no-op build rewrites no trace
+                e.trace.save(str(label), trace, encoded)
+            del self.targets[label]
+            e.reporter.target_done(label)
+
+    def _run(self, label: Configured, action: Action, reason: str, submitted: float) -> tuple[Tree, ActionResult, str]:
+        """On an action thread: execute and file `action`, timed under --profile."""
+        if self.profile is None:
+            return self.e._run_and_record(action)
+        start, stamps = time.monotonic(), {}
+        out = self.e._run_and_record(action, stamps)
+        self.profile.action(f"{label} {action.name}", start, stamps, time.monotonic(), mnemonic=action.mnemonic,
+                            reason=reason, queued_s=round(start - submitted, 3), peak_mb=out[1].peak_mb,
+                            cpu_s=out[1].cpu_s)
+        return out
+
+    def _finished(self, fut: Future) -> None:
+        """Take one finished (or failed, or cancelled) action back into its target's plan."""
+        label, slot, action, reason, cached_tree = self.inflight.pop(fut)
+        state = self.targets.get(label)
+        if state is None or fut.cancelled():
+            return
+        state.running -= 1
+        key = action.traced(self.e.digester)[0]
+        err = fut.exception()
+        if err is not None:
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                err = disk_full(self.e.cache_dir)
+            elif not isinstance(err, BgraphError):
+                err = ActionFailed(f"{type(err).__name__}: {err}", where=action.name)
+            err.where = f"{label} {action.name}" if not err.where else f"{label}: {err.where}"
+            self._record(None, ActionRecord(str(label), action.name, action.mnemonic, key, "failed", reason))
+            self._fail(label, err)
+            return
+        tree, result, key = fut.result()
+        differs = cached_tree is not None and tree != cached_tree
+        self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
+                                         result.duration_s, differs, result.peak_mb, result.cpu_s))
+        self.e.peaks.record(f"{label} {action.name}", result.peak_mb)
+        self.dirty.add(label)
+        state.executed_any = True
+        if self.stopping:
+            return
+        try:
+            self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "executed", reason)))
+        except Exception as err:
+            self._fail(label, self._as_error(label, err))
+
+    def _as_error(self, label: Configured, err: Exception) -> BgraphError:
+        """Any exception from planning as the one-line error the user sees: a full disk names
+        the cache, an unreadable file names the file, anything else names the target and rule."""
+        if isinstance(err, BgraphError):
+            return err
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return disk_full(self.e.cache_dir)
+        kind = self.e.ws.targets[label.label].kind
+        if isinstance(err, OSError):
+            return PlanError(f"cannot read {err.filename or 'a file'}: {err.strerror or err}", where=str(label),
+                             hint="check that the file is readable (a source, a lock, a patch)")
+        return PlanError(f"the {kind} rule failed: {type(err).__name__}: {err}", where=str(label),
+                         hint="this is a bug in bgraph's rule (not in your targets); please report it "
+                              "with this line")
