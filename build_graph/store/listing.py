@@ -1,7 +1,7 @@
 """Absent keys answered from memory once a store has missed many lookups.
 
 Planning many new actions asks the state file and the action cache for keys they do not hold:
-100,000 new actions were 200,000 SQLite queries and 100,000 failed opens, a fifth of the plan.
+100,000 new actions were 200,000 SQLite queries and 100,000 failed opens, an eighth of the plan.
 After `LIST_AFTER_MISSES` misses a store's keys are read once (one query, one directory walk),
 and a key not among them, nor filed by this process since, is a miss without asking.
 
