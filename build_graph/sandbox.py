@@ -23,7 +23,7 @@ from pathlib import Path
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
-from build_graph.store.cas import LocalCas, rmtree
+from build_graph.store.cas import LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
 
 LOW_SPACE = 16 << 20  # below this much free space, a failed action is reported as a full disk
@@ -65,10 +65,7 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
 
 
 def _probe_host_tool(p: str, real: str, digester) -> tuple[str, str]:
-    h = digester.new()
-    with open(real, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    digest = hash_file(real, digester)
     try:
         out = subprocess.run([p, "--version"], capture_output=True, text=True, timeout=20,
                              env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
@@ -76,7 +73,7 @@ def _probe_host_tool(p: str, real: str, digester) -> tuple[str, str]:
         version = text.splitlines()[0] if text else ""
     except (OSError, subprocess.TimeoutExpired):
         version = ""
-    return version, h.hexdigest()
+    return version, digest
 
 
 MAX_MOUNTS = 256  # bwrap takes at most 9,000 arguments; one input mount costs three
