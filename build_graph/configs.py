@@ -153,9 +153,8 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
     machine = host_platform()
     deps: dict[Configured, list[Configured]] = {}
     dep_labels: dict[Configured, dict[tuple[str, Label], Configured]] = {}
-    # (text, package) -> label and (label, parent's config after the transition) -> configured
-    # target, each worked out once: 100,000 genrules name one toolchain in one configuration.
-    labels: dict[tuple[str, str], Label] = {}
+    # (label, parent's config after the transition) -> configured target, worked out once:
+    # 100,000 genrules name one toolchain in one configuration.
     ends: dict[tuple[Label, Config], Configured] = {}
     todo = list(roots)
     while todo:
@@ -170,9 +169,7 @@ def configure(ws: Workspace, roots: list[Configured], forced: str | None = None)
             config = rule.transition(target.attrs, key, text, node.config)
             if config is None:  # an edge this configuration does not follow
                 continue
-            label = labels.get((text, package))
-            if label is None:
-                label = labels[(text, package)] = parse_label(text, package=package)
+            label = parse_label(text, package=package)
             dep = ends.get((label, config))
             if dep is None:
                 dep = ends[(label, config)] = _configured(label, own_config(ws, label, config, forced), machine)

@@ -56,16 +56,9 @@ def dependency_map(ws: Workspace) -> DependencyMap:
     from build_graph.rules.registry import RULES
 
     deps: DependencyMap = {}
-    parsed: dict[tuple[str, str], Label] = {}  # every genrule names the same toolchain: parse it once
     for label, target in ws.targets.items():
-        package = label.package
-        needs = []
-        for _key, text in RULES[target.kind].deps(target.attrs):
-            dep = parsed.get((text, package))
-            if dep is None:
-                dep = parsed[(text, package)] = parse_label(text, package=package)
-            needs.append(dep)
-        deps[label] = list(dict.fromkeys(needs))
+        deps[label] = list(dict.fromkeys(parse_label(text, package=label.package)
+                                         for _key, text in RULES[target.kind].deps(target.attrs)))
     if static_order(deps) is None:
         try:  # graphlib finds the cycle to name
             TopologicalSorter(deps).prepare()
