@@ -27,8 +27,7 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
     `files`: the build's SourceFiles, shared by the targets it expands."""
     out: dict[str, list[str]] = {}
     seen: dict[str, set[str]] = {}  # out's paths per key (a list's `in` made a big glob quadratic)
-    root = os.fspath(ws.root)
-    is_file = files.is_file if files is not None else (lambda path: _is_file(root, path))
+    is_file = (files or SourceFiles(ws.root)).is_file
     for key, pattern in RULES[target.kind].sources(target.attrs):
         if pattern.startswith("/") or ".." in pattern.split("/"):
             raise LoadError(f"source {pattern!r} must be a path inside the workspace",
