@@ -236,7 +236,7 @@ class BuildRun:
                 key = decision.key  # filed under its narrowed key
             if isinstance(decision, Hit) and not checked:
                 status = "cutoff" if upstream_dirty else "hit"
-                why = "inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs"
+                why = decision.why or ("inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs")
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
                 ready += state.plan.complete(slot, Outcome(action, decision.tree, status))
                 continue

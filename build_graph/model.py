@@ -291,6 +291,10 @@ class Action:
     # rebuilder.py): a change to a file the action did not read is then not a miss.
     narrow: tuple[str, ...] = ()
     depfiles: tuple[str, ...] = ()
+    # The narrowed mounts reach the outputs only through a GCC-compatible preprocessor run with
+    # argv's macros (rebuilder.py, cpp_view.py): an edit it provably skips is not a miss. Not
+    # part of the key: it says how a recorded run may be matched, not what runs.
+    cpp_input: bool = False
 
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from build_graph.cpp_view import Macros, command_macros, defined_names, view
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.model import Action, ActionCache, ActionResult, Digester, FileEntry, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
@@ -16,6 +17,7 @@ class Hit:
     result: ActionResult
     tree: Tree
     key: str = ""  # the key it was filed under (a narrowed key for depfile-narrowed actions)
+    why: str = ""  # said of a hit that needed more than equal inputs (an edit the preprocessor skips)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ class Rebuilder:
     def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester, state: BuildState | None = None):
         self.cas, self.ac, self.digester = cas, ac, digester
         self.state = state  # the build state's memo of results (state.py): one file, not two per hit
+        self._defines: dict[str, frozenset[str]] = {}  # digest or host path -> defined_names
+        self._views: dict[tuple, str | None] = {}  # (content digest, macros) -> digest of its view
 
     def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
         """(result, its tree if the memo holds it, whether it came from the memo) under `key`."""
@@ -216,35 +220,154 @@ class Rebuilder:
 
     def _stale(self, action: Action, entry: dict[str, Any], limit: int = 5) -> list[str]:
         """Why a manifest entry does not fit the action's current inputs (empty: it fits)."""
-        why: list[str] = []
+        changed, other = self._differences(action, entry, limit)
+        why = [f"input {mount}/{path} {_short(digest)} -> {_short(now.digest if now else 'absent')}"
+               for mount, path, digest, now in changed]
+        return (why + other)[:limit]
+
+    def _differences(self, action: Action, entry: dict[str, Any], limit: int | None = None
+                     ) -> tuple[list[tuple[str, str, str, FileEntry | None]], list[str]]:
+        """(each file it read whose content is not what it read: mount, path, digest read, entry
+        now; every other reason the entry does not fit). Stops after `limit` of either."""
+        changed: list[tuple[str, str, str, FileEntry | None]] = []
+        other: list[str] = []
         for mount, files in entry.get("reads", {}).items():
             tree = action.input_tree(mount) if mount in action.narrow else None
             if tree is None:
-                return [f"input {mount} is no longer narrowed"]
+                return changed, [f"input {mount} is no longer narrowed"]
             if "*" in files:
                 if files["*"] != tree.digest(self.digester):
-                    why.append(f"input {mount} {_short(files['*'])} -> {_short(tree.digest(self.digester))}")
+                    other.append(f"input {mount} {_short(files['*'])} -> {_short(tree.digest(self.digester))}")
                 continue
             if files.items() <= tree.file_digests().items():
                 continue  # every file it read is unchanged (one set comparison, in C)
             for path, digest in files.items():
                 now = tree.entries.get(path)
-                now_digest = now.digest if isinstance(now, FileEntry) else None
-                if now_digest != digest:
-                    why.append(f"input {mount}/{path} {_short(digest)} -> {_short(now_digest or 'absent')}")
-                    if len(why) >= limit:
-                        return why
+                if not isinstance(now, FileEntry) or now.digest != digest:
+                    changed.append((mount, path, digest, now if isinstance(now, FileEntry) else None))
+                    if limit and len(changed) >= limit:
+                        return changed, other
         for mount, recorded in entry.get("names", {}).items():
             index = action.input_tree(mount).by_name() if mount in action.narrow else {}
             for name, paths in recorded.items():
                 now = list(index.get(name, ()))
                 if now != paths:
                     added = sorted(set(now) - set(paths))
-                    why.append(f"new file {mount}/{added[0]} may shadow an included {name}" if added
-                               else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
-                    if len(why) >= limit:
-                        return why
-        return why
+                    other.append(f"new file {mount}/{added[0]} may shadow an included {name}" if added
+                                 else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
+                    if limit and len(changed) + len(other) >= limit:
+                        return changed, other
+        return changed, other
+
+    # -- edits the preprocessor cannot see (cpp_view.py) ----------------------------------
+    # A preprocessing step (Action.cpp_input) whose only changed inputs are files whose views
+    # under its command line's macros are unchanged would write what it wrote before: the
+    # earlier result is taken. The macros count only if no file it read (its earlier depfile,
+    # the toolchain's headers included) redefines them.
+
+    def _unseen_edit(self, action: Action, entry: dict[str, Any]) -> Hit | None:
+        """The entry's result, if every file that changed since changed only where this
+        preprocessing run does not look; else None."""
+        changed, other = self._differences(action, entry)
+        if other or not changed or any(now is None for *_, now in changed):
+            return None
+        command = command_macros(action.argv)
+        pairs = [(digest, now) for _m, _p, digest, now in changed]
+        # First with every command-line macro taken as known (no file read): views that differ
+        # then differ with fewer known macros too, and most edits stop here.
+        if command is None or not self._same_views(pairs, command):
+            return None
+        found = self._lookup(entry["key"])
+        if found is None:
+            return None
+        result, tree, memo = found
+        try:
+            if tree is None:
+                tree = self.cas.get_tree(result.output_tree)
+            macros = self._run_macros(action, tree, command, pairs)
+        except (CorruptBlob, StoreError, OSError):
+            return None
+        if macros is None or not self._same_views(pairs, macros):
+            return None
+        decision = self._verified(entry["key"], result, tree, memo)
+        if not isinstance(decision, Hit):
+            return None
+        paths = ", ".join(f"{m}/{p}".removeprefix("/bgraph/") for m, p, _d, _n in changed[:3])
+        return Hit(decision.result, decision.tree, decision.key,
+                   why=f"{paths} changed only in #if groups skipped with {macros.describe()}")
+
+    def _same_views(self, pairs: list[tuple[str, FileEntry]], macros: Macros) -> bool:
+        """Whether each (digest read, file now) pair has one view under `macros`."""
+        for before, now in pairs:
+            seen = self._view(before, macros)
+            if seen is None or seen != self._view(now.digest, macros, now):
+                return False
+        return True
+
+    def _view(self, digest: str, macros: Macros, entry: FileEntry | None = None) -> str | None:
+        """The digest of view(content, macros), memoized (one header, many TUs and archs)."""
+        memo_key = (digest, macros.identity())
+        if memo_key not in self._views:
+            data = self._content(digest, entry)
+            seen = view(data, macros) if data is not None else None
+            self._views[memo_key] = self.digester.of(seen) if seen is not None else None
+        return self._views[memo_key]
+
+    def _content(self, digest: str, entry: FileEntry | None = None) -> bytes | None:
+        """A file's bytes, checked against its digest (`entry`: a source maybe hashed but not
+        yet stored); None if gone or damaged."""
+        try:
+            if entry is not None:
+                return self.cas.read_bytes(entry)
+            data = self.cas.blob_path(digest).read_bytes()
+        except (CorruptBlob, StoreError, OSError):
+            return None
+        return data if self.digester.of(data) == digest else None
+
+    def _run_macros(self, action: Action, tree: Tree, command: Macros, pairs: list[tuple[str, FileEntry]]
+                    ) -> Macros | None:
+        """The command line's macros, less any that a file the earlier run read (or a changed
+        file, before or now) defines or undefines; None if a file it read cannot be found."""
+        names: set[str] = set()
+        for before, now in pairs:
+            for data in (self._content(before), self._content(now.digest, now)):
+                if data is None:
+                    return None
+                names |= defined_names(data)
+        for depfile in action.depfiles:
+            entry = tree.entries.get(depfile)
+            if not isinstance(entry, FileEntry):
+                return None
+            for dep in parse_depfile(self.cas.read_bytes(entry).decode(errors="replace")):
+                found = self._defined_in(action, absolute(dep, action.cwd))
+                if found is None:
+                    return None
+                names |= found
+        return command.without(names)
+
+    def _defined_in(self, action: Action, path: str) -> frozenset[str] | None:
+        """defined_names of the file at sandbox `path`, from the action's inputs or its host
+        paths (memoized by digest or host path); None if it is not there."""
+        for mount, tree in action.inputs:
+            for root in (mount, "/bgraph/out") if mount == action.staged else (mount,):
+                if path.startswith(root + "/"):
+                    entry = tree.entries.get(path[len(root) + 1:])
+                    if not isinstance(entry, FileEntry):
+                        return None
+                    names = self._defines.get(entry.digest)
+                    if names is None:
+                        names = self._defines[entry.digest] = defined_names(self.cas.read_bytes(entry))
+                    return names
+        if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
+            names = self._defines.get(path)
+            if names is None:
+                try:
+                    with open(path, "rb") as f:
+                        names = self._defines[path] = defined_names(f.read())
+                except OSError:
+                    return None
+            return names
+        return None
 
     def _check_narrowed(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         entries = self.ac.get_manifest(action.prekey(self.digester))
@@ -254,6 +377,11 @@ class Rebuilder:
             found = self._lookup(entry["key"])
             if found is not None:
                 return self._verified(entry["key"], *found)
+        if action.cpp_input:
+            for entry in entries:
+                unseen = self._unseen_edit(action, entry)
+                if unseen is not None:
+                    return unseen
         if entries:  # same command and other inputs: name the files it read that changed
             return Miss("; ".join(self._stale(action, entries[0])))
         previous = recorded()

@@ -113,6 +113,27 @@ def test_edit_inside_sm121_block_recompiles_only_sm121a(ws, cache, tmp_path):
     assert archive_bytes(ws) == archive_bytes(fresh)
 
 
+def test_header_edit_in_another_archs_group_skips_the_other_preprocessing(ws, cache, tmp_path):
+    # common.cuh gains an sm_121a-only block; only_b.cuh (read by b.cu alone) names
+    # __CUDA_ARCH__ in a #define, which makes the macro's value unknown to b.cu's steps.
+    edit(ws / "k" / "common.cuh", "#define COMMON 1\n",
+         "#define COMMON 1\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 1210\n#define TUNE 2\n#endif\n")
+    edit(ws / "k" / "only_b.cuh", "#define ONLY_B 3\n", "#define ONLY_B 3\n#if 0\n#define __CUDA_ARCH__ 0\n#endif\n")
+    assert build(ws, cache)["ok"]
+    edit(ws / "k" / "common.cuh", "#define TUNE 2", "#define TUNE 3")
+    s = build(ws, cache)
+    assert ran(s, "hostpp", "devpp") == ["devpp k/a.cu 1210", "devpp k/b.cu 1200", "devpp k/b.cu 1210",
+                                         "hostpp k/b.cu"]
+    why = {a["name"]: a["reason"] for a in s["actions"]}
+    assert "skipped with __CUDA_ARCH__=1200" in why["devpp k/a.cu 1200"]
+    assert "skipped with __CUDA_ARCH__ undefined" in why["hostpp k/a.cu"]
+    assert ran(s, "cicc", "ptxas") == []  # TUNE is used nowhere: every preprocessed text is unchanged
+    fresh = tmp_path / "fresh"
+    shutil.copytree(ws, fresh, ignore=shutil.ignore_patterns("bgraph-out"))
+    assert build(fresh, tmp_path / "fresh-cache")["ok"]
+    assert archive_bytes(ws) == archive_bytes(fresh)
+
+
 def test_host_only_edit_is_never_missed(ws, cache):
     before = archive_bytes(ws)
     edit(ws / "k" / "a.cu", "return 42;", "return 43;")

@@ -117,6 +117,7 @@ class RuleContext:
         staged: str | None = None,
         narrow: tuple[str, ...] = (),
         depfiles: tuple[str, ...] = (),
+        cpp_input: bool = False,
     ) -> Action:
         """A sandboxed action with the base environment, this platform and rule version."""
         full_env = dict(BASE_ENV)
@@ -167,6 +168,7 @@ class RuleContext:
             staged=staged,
             narrow=tuple(sorted(narrow)),
             depfiles=tuple(depfiles),
+            cpp_input=cpp_input,
         )
 
     def fetch_action(self, pin_name: str, key: str, platform: str | None = None) -> Action:

@@ -72,7 +72,8 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 depfile = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}.d"
                 argv += ["-MD", "-MF", f"{OUT}/{depfile}"]
                 outputs.append(depfile)
-                narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged}
+                # gcc -E with its full -MD depfile: an edit it skips (another arch's #if group) is a hit.
+                narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged, "cpp_input": True}
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
             return ctx.exec_action(
                 f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
