@@ -98,6 +98,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.bgraph_path:
         ENV["PYTHONPATH"] = str(Path(args.bgraph_path).resolve())
+        # Bytecode, as `pip install` leaves it (a host with PYTHONDONTWRITEBYTECODE set would
+        # otherwise compile every module on every run).
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(args.bgraph_path) / "build_graph")],
+                       check=True)
     bgraph = [sys.executable, "-P", "-m", "build_graph"]  # -P: never the current directory's bgraph
     rows = []
     template = Path(tempfile.mkdtemp(prefix="scale-toolchain-"))  # the shell toolchain, built once, untimed

@@ -57,6 +57,7 @@ class BuildRun:
         self.outputs = configs.Outputs()
         self.memo: dict[str, Any] = {}  # str(target) -> memo.Entry, as this build leaves it
         self.reused = self.reused_hits = 0  # targets (and their actions) taken from the memo
+        self.reused_targets: tuple[str, ...] = ()
         self.reuse = self._reusable(engine)
         part = self.reuse.subgraph(self.labels) if self.reuse is not None else None
         if part is not None:  # only the targets an edited source reaches are visited
@@ -64,6 +65,7 @@ class BuildRun:
             self.outputs.update(prebuilt)
             self.memo.update((n, e) for n, e in self.reuse.entries.items() if n not in visited)
             self.reused, self.reused_hits = self.reuse.untouched(visited)
+            self.reused_targets = tuple(n for n in self.reuse.entries if n not in visited)
         else:
             self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order
@@ -140,7 +142,7 @@ class BuildRun:
         unplanned = [t for t in self.order if t not in self.outputs] if self.e.options.dry_run else []
         return BuildResult(self.records, self.outputs, self.failures, time.monotonic() - start, self.labels,
                            unplanned, self.e.remote.stats.to_json() if self.e.remote else None, self.profile,
-                           self.memo, self.reused, self.reused_hits)
+                           self.memo, self.reused, self.reused_hits, self.reused_targets)
 
     def _record(self, state: _TargetState | None, rec: ActionRecord) -> None:
         self.records.append(rec)

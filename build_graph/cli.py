@@ -79,8 +79,8 @@ def cmd_build(args, console: Console) -> int:
         profile=bool(args.profile))
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
-    if previous is not None and not args.json:  # only file contents changed: unchanged targets are taken
-        options.reuse = previous.reuse(cache)     # as they were (--json lists every action: the full path)
+    if previous is not None:  # only file contents changed: unchanged targets are taken as they were
+        options.reuse = previous.reuse(cache)
     other_cache = _other_cache(ws, args.check_against) if args.check_against else None
     log_path = None
     if not args.json:
@@ -95,7 +95,7 @@ def cmd_build(args, console: Console) -> int:
     compared = None
     if other_cache is not None:
         compared = engine.compare_with(result, other_cache)
-    summary = result.summary()
+    summary = result.summary(list_reused=args.json)  # --json lists every action
     if compared is not None:
         summary["compared_with_other_cache"] = compared
     if not result.failures and not options.dry_run:

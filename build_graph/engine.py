@@ -72,12 +72,19 @@ class BuildResult:
     memo: dict[str, Any] = field(default_factory=dict)  # str(target) -> store.memo.Entry, for the next build
     reused: int = 0  # targets taken from the last build's memo, unplanned
     reused_hits: int = 0  # the actions of those not even visited (counted as hits; no record each)
+    reused_targets: tuple[str, ...] = ()  # which targets those are (their actions are in `memo`)
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.records if r.status == status)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, list_reused: bool = False) -> dict[str, Any]:
+        """The build's summary; `list_reused` also lists the actions of the targets taken from
+        the last build's memo, as hits (--json lists every action)."""
         counts = Counter(r.status for r in self.records)  # one pass: a dry run has 100,000 records
+        actions = [dict(r.__dict__) for r in self.records]
+        if list_reused:
+            actions += [dict(ActionRecord(n, name, mnemonic, key, "hit", "inputs unchanged").__dict__)
+                        for n in self.reused_targets for name, mnemonic, key in self.memo[n].actions]
         return {
             "ok": not self.failures,
             "executed": counts["executed"],
@@ -90,7 +97,7 @@ class BuildResult:
             # CPU of the executed actions' processes, where the host lets the sandbox account it (else 0)
             "cpu_s": round(sum(r.cpu_s for r in self.records if r.status == "executed"), 3),
             "targets": [str(t) for t in self.requested],
-            "actions": [dict(r.__dict__) for r in self.records],
+            "actions": actions,
             "errors": [e.render() for e in self.failures],
             **({"targets_unplanned": [str(t) for t in self.unplanned]} if self.unplanned else {}),
             **({"targets_reused": self.reused} if self.reused else {}),

@@ -5,6 +5,7 @@ path, and the outputs are always those a full build gives."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
@@ -66,6 +67,22 @@ def test_an_edit_replans_only_what_it_reaches(make_ws):
     run = edited(ws, {"a.txt": "x\ny\nz\n"})
     assert "executed 3" in run.stderr and reused(run) == 2  # :a, :b, :top; :c and the toolchain reused
     assert ws.read_output("//p:top", "top.txt") == "3\nC\n"
+
+
+def test_json_takes_the_memo_and_lists_every_action(make_ws):
+    ws = ready(make_ws)
+    full = ws.cli("build", "--json", "//p:top")  # the no-op answer: every action, each a hit
+    ws.write({"c.txt": "J\n"})
+    past = time.time() - 20
+    os.utime(ws.root / "c.txt", (past, past))
+    run = ws.cli("build", "--json", "//p:top")
+    assert run.rc == 0, run.output
+    summary = json.loads(run.stdout)
+    assert summary["targets_reused"] == 3 and summary["executed"] == 2, summary
+    listed = {(a["label"], a["name"]): a["status"] for a in summary["actions"]}
+    assert listed.keys() == {(a["label"], a["name"]) for a in json.loads(full.stdout)["actions"]}
+    assert next(s for (label, _), s in listed.items() if label == "//p:a") == "hit"
+    assert summary["hits"] == sum(s == "hit" for s in listed.values())
 
 
 def test_an_output_that_did_not_change_cuts_off_its_dependents(make_ws):
