@@ -1,3 +1,3 @@
-from build_graph.cli import main
+from build_graph.cli import run
 
-raise SystemExit(main())
+run()

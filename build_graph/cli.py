@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from build_graph.errors import BgraphError, disk_full
 from build_graph.labels import expand, parse_label
@@ -573,6 +573,23 @@ def parser() -> argparse.ArgumentParser:
     dl.add_argument("targets", nargs="*", help="labels or patterns (default: every deb_packages target)")
     d.set_defaults(fn=cmd_deb)
     return p
+
+
+def run() -> NoReturn:
+    """The `bgraph` command: main(), then exit without the interpreter's teardown. Freeing a
+    build's objects one by one took 0.03 s after a no-op and 0.1 s after an edit of the arch
+    bench; the exit handlers (the store's staging lease) still run, and every thread left is a
+    daemon with nothing to finish."""
+    import atexit
+
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader that went away (`bgraph query | head`)
+    atexit._run_exitfuncs()
+    os._exit(code or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

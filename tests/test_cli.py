@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bgraph_testlib import requires_bwrap
@@ -38,3 +40,15 @@ def test_check_against_a_mistyped_directory_fails_before_building_and_makes_noth
     assert ws.build("//p:a").rc == 0
     other = make_ws(GENRULE)
     assert other.build("//p:a", args=("--check-against", str(ws.cache))).json["compared_with_other_cache"] == 1
+
+
+@requires_bwrap
+def test_the_command_skips_teardown_but_finishes_its_work(make_ws):
+    """`bgraph` leaves by os._exit after main (cli.run): its output is whole, its exit code is
+    main's, and the exit handlers ran (no staging lease of the store is left behind)."""
+    ws = make_ws(GENRULE)
+    run = ws.cli("build", "--json", "//p:a")
+    assert run.rc == 0 and json.loads(run.stdout)["executed"] == 1, run.output
+    assert not list((ws.cache / "v1" / "tmp").glob("*.lock"))
+    failed = ws.cli("build", "//p:nope")
+    assert failed.rc == 2 and "no target" in failed.stderr, failed.output
