@@ -326,14 +326,14 @@ class Rebuilder:
 
     def _run_macros(self, action: Action, tree: Tree, command: Macros, pairs: list[tuple[str, FileEntry]]
                     ) -> Macros | None:
-        """The command line's macros, less any that a file the earlier run read (or a changed
-        file, before or now) defines or undefines; None if a file it read cannot be found."""
+        """The command line's macros, less any that a file the earlier run read (as it read it,
+        or as it is now) defines or undefines; None if a file it read cannot be found."""
         names: set[str] = set()
         for before, now in pairs:
-            for data in (self._content(before), self._content(now.digest, now)):
-                if data is None:
+            for found in (self._defined(before), self._defined(now.digest, now)):
+                if found is None:
                     return None
-                names |= defined_names(data)
+                names |= found
         for depfile in action.depfiles:
             entry = tree.entries.get(depfile)
             if not isinstance(entry, FileEntry):
@@ -345,6 +345,16 @@ class Rebuilder:
                 names |= found
         return command.without(names)
 
+    def _defined(self, digest: str, entry: FileEntry | None = None) -> frozenset[str] | None:
+        """defined_names of a stored file (memoized by digest), or None if it is gone or damaged."""
+        names = self._defines.get(digest)
+        if names is None:
+            data = self._content(digest, entry)
+            if data is None:
+                return None
+            names = self._defines[digest] = defined_names(data)
+        return names
+
     def _defined_in(self, action: Action, path: str) -> frozenset[str] | None:
         """defined_names of the file at sandbox `path`, from the action's inputs or its host
         paths (memoized by digest or host path); None if it is not there."""
@@ -352,12 +362,7 @@ class Rebuilder:
             for root in (mount, "/bgraph/out") if mount == action.staged else (mount,):
                 if path.startswith(root + "/"):
                     entry = tree.entries.get(path[len(root) + 1:])
-                    if not isinstance(entry, FileEntry):
-                        return None
-                    names = self._defines.get(entry.digest)
-                    if names is None:
-                        names = self._defines[entry.digest] = defined_names(self.cas.read_bytes(entry))
-                    return names
+                    return self._defined(entry.digest, entry) if isinstance(entry, FileEntry) else None
         if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
             names = self._defines.get(path)
             if names is None:
