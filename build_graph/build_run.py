@@ -63,9 +63,10 @@ class BuildRun:
         if part is not None:  # only the targets an edited source reaches are visited
             self.graph, prebuilt, visited = part
             self.outputs.update(prebuilt)
-            self.memo.update((n, e) for n, e in self.reuse.entries.items() if n not in visited)
-            self.reused, self.reused_hits = self.reuse.untouched(visited)
             self.reused_targets = tuple(n for n in self.reuse.entries if n not in visited)
+            self.memo.update((n, self.reuse.entries[n]) for n in self.reused_targets)
+            self.reused = len(self.reused_targets)
+            self.reused_hits = sum(len(self.reuse.entries[n].actions) for n in self.reused_targets)
         else:
             self.graph = configs.configure(engine.ws, self.labels, engine.options.platform)
         self.order = self.graph.order

@@ -136,11 +136,6 @@ class Reuse:
         prebuilt = {c: entries[n].output for n, c in known.items() if n not in names}
         return ConfiguredGraph(order, deps, dep_labels), prebuilt, names
 
-    def untouched(self, names: set[str]) -> tuple[int, int]:
-        """(targets, actions) of the memo that a build visiting `names` takes as they were."""
-        rest = [e for n, e in self.entries.items() if n not in names]
-        return len(rest), sum(len(e.actions) for e in rest)
-
     def keys(self) -> list[str]:
         """Every action key the memo's targets took (held by the build before any is reused)."""
         return [key for e in self.entries.values() for _name, _mnemonic, key in e.actions]
