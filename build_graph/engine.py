@@ -240,4 +240,7 @@ class Engine:
             atomic.symlink(link, path)
             self.cas.add_root(link)
             links[str(label)] = link
+        # Materializing linked blobs and moved their ctimes after the build saved its stamps:
+        # without this save, the next build re-hashes every blob of a newly linked output.
+        self.cas.save_stamps()
         return links
