@@ -131,6 +131,8 @@ class BuildRun:
             self.scheduler.join()
             raise
         finally:
+            if self.e._sandbox is not None:
+                self.e._sandbox.close()
             self.e.reporter.finish()
             self.e.cas.save_stamps()
             self.e.state.flush()

@@ -159,7 +159,7 @@ class Engine:
     def sandbox(self):
         if self._sandbox is None:
             from build_graph.sandbox import BwrapRunner
-            self._sandbox = BwrapRunner(self.cas)
+            self._sandbox = BwrapRunner(self.cas, self.options.jobs)
         return self._sandbox
 
     def probe_host(self, tools: tuple[str, ...]) -> tuple[HostTool, ...]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
+from build_graph.spares import Spares, environment_options, launch_script
 from build_graph.store.cas import LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
 
@@ -93,7 +94,7 @@ def coalesced_mounts(inputs: tuple[tuple[str, Tree], ...]) -> list[tuple[str, Tr
 class BwrapRunner:
     """Runs exec actions under bubblewrap, storing declared outputs into the CAS."""
 
-    def __init__(self, cas: LocalCas):
+    def __init__(self, cas: LocalCas, jobs: int = 1):
         self.cas = cas
         self.bwrap = find_bwrap()
         self._procs: set[subprocess.Popen] = set()
@@ -102,6 +103,9 @@ class BwrapRunner:
         # Per-action cgroups where this host allows them: CPU time (else 0) and peak memory
         # (else sampled from the process tree).
         self.accounting = Accounting.probe()
+        # Processes that join the next actions' groups ahead of them (spares.py): one per lane.
+        used = self.accounting.cpu is not None or self.accounting.memory is not None
+        self.spares = Spares(self.accounting, jobs) if used else None
 
     def command(self, action: Action, out_dir: Path) -> list[str]:
         args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
@@ -152,21 +156,8 @@ class BwrapRunner:
                 (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             stdout_path, stderr_path = work / "stdout", work / "stderr"
             start = time.monotonic()
-            # bwrap reads its options from a descriptor (it closes it after reading), so the
-            # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
-            bwrap, *options = self.command(action, out_dir)
-            split = options.index("--")
-            args_file = work / "bwrap.args"
-            args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
-            groups = self.accounting.new_groups()
-            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
-                argv = [bwrap, "--args", str(af.fileno()), *options[split:]]
-                argv = self.accounting.wrap(groups, argv)
-                proc = subprocess.Popen(argv, stdout=so,
-                                        stderr=se, stdin=subprocess.DEVNULL, pass_fds=(af.fileno(),),
-                                        start_new_session=True, env=self.environment(action))
-                with self._lock:
-                    self._procs.add(proc)
+            proc, groups = self._start(action, out_dir, work)
+            try:
                 # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:
                 # it starts from bgraph's own high-water mark (see cgroups.py).
                 sampler = PeakSampler(proc.pid) if "memory" not in groups else None
@@ -178,8 +169,9 @@ class BwrapRunner:
                 finally:
                     if sampler is not None:
                         sampler.stop()
-                    with self._lock:
-                        self._procs.discard(proc)
+            finally:
+                with self._lock:
+                    self._procs.discard(proc)
             end = time.monotonic()
             duration = end - start
             cpu_s = self.accounting.cpu_s(groups)
@@ -216,6 +208,46 @@ class BwrapRunner:
         finally:
             self.accounting.remove(groups)
             rmtree(work)
+
+    def _start(self, action: Action, out_dir: Path, work: Path) -> tuple[subprocess.Popen, dict[str, Path]]:
+        """The action's process, started in its cgroups (through a spare where one is ready),
+        with its stdout and stderr in `work`; registered for stop()."""
+        # bwrap reads its options from a descriptor (it closes it after reading), so the
+        # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
+        bwrap, *options = self.command(action, out_dir)
+        split = options.index("--")
+        args_file = work / "bwrap.args"
+        env_options = environment_options(self.environment(action)) if self.spares is not None else None
+        spare = self.spares.take() if env_options is not None else None
+        if spare is not None:
+            args_file.write_bytes(b"".join(a.encode() + b"\0" for a in [*options[:split], *env_options]))
+            script = work / "launch.sh"
+            script.write_text(launch_script(bwrap, args_file, options[split + 1:], work / "stdout", work / "stderr"))
+            with self._lock:  # registered before it runs the action, so stop() cannot miss it
+                self._procs.add(spare.proc)
+            if spare.launch(script):
+                return spare.proc, spare.groups
+            with self._lock:
+                self._procs.discard(spare.proc)
+            self.accounting.remove(spare.groups)
+        args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
+        groups = self.accounting.new_groups()
+        try:
+            with open(work / "stdout", "wb") as so, open(work / "stderr", "wb") as se, open(args_file, "rb") as af:
+                argv = self.accounting.wrap(groups, [bwrap, "--args", str(af.fileno()), *options[split:]])
+                proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                        pass_fds=(af.fileno(),), start_new_session=True, env=self.environment(action))
+        except BaseException:
+            self.accounting.remove(groups)
+            raise
+        with self._lock:
+            self._procs.add(proc)
+        return proc, groups
+
+    def close(self) -> None:
+        """End the idle spares (the end of a build); the next action starts new ones."""
+        if self.spares is not None:
+            self.spares.close()
 
     def stop(self) -> None:
         """Kill every running sandbox (Ctrl-C); nothing partial reaches the store."""

@@ -1,0 +1,162 @@
+"""Processes started ahead of their actions, already inside the actions' cgroups.
+
+Joining a cgroup (a write to its cgroup.procs) waits in the kernel for an RCU grace period
+(the cgroup_threadgroup_rwsem write lock), 5-15 ms on a host whose last join was more than a
+few milliseconds ago, and an action's process must not run before it has joined (its memory
+would be charged elsewhere). Paid on the way into every action, that wait was 4-5% of a
+build of small steps. A spare is a /bin/sh that makes the next action's groups' join while
+earlier actions run, then waits on a pipe for the file that says what to exec: the action
+starts without the wait, its first process already counted in its groups.
+
+Spares are started by one long-lived thread of the runner, never by an action's thread: bwrap
+--die-with-parent kills the sandbox when the thread that started its process exits, and an
+action's thread ends with its action. Part of the sandbox layer: only sandbox.py uses this.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_graph.cgroups import Accounting
+
+# Join every group named, then wait for the path of the launch script (a line on stdin) and run
+# it in this process; end quietly when bgraph closes the pipe instead (the spare is not needed).
+SPARE = 'for f; do echo $$ > "$f" || exit 125; done; IFS= read -r launch || exit 0; . "$launch"'
+
+# bwrap takes at most 9,000 arguments; an environment that needs more --setenv options than
+# this is started the direct way (the sandbox passes it as bwrap's own environment).
+MAX_SETENV_ARGS = 6000
+
+
+@dataclass
+class Spare:
+    proc: subprocess.Popen
+    groups: dict[str, Path]
+
+    def launch(self, script: Path) -> bool:
+        """Hand the spare its launch script; False if it is gone (then it is reaped)."""
+        try:
+            self.proc.stdin.write(str(script).encode() + b"\n")
+            self.proc.stdin.close()
+            return True
+        except (BrokenPipeError, ValueError, OSError):
+            self.proc.wait()
+            return False
+
+
+def launch_script(bwrap: str, options_file: Path, argv: list[str], stdout: Path, stderr: Path) -> str:
+    """The script a spare sources: its descriptors for the action, then exec bwrap (whose options,
+    the environment's included, come from `options_file`, read on descriptor 3)."""
+    q = shlex.quote
+    return (f"exec 3<{q(str(options_file))} </dev/null >{q(str(stdout))} 2>{q(str(stderr))}\n"
+            f"exec {q(bwrap)} --args 3 -- {' '.join(map(q, argv))}\n")
+
+
+def environment_options(env: dict[str, str]) -> list[str] | None:
+    """bwrap options that give the action exactly `env`, or None where there are too many."""
+    if 2 * len(env) > MAX_SETENV_ARGS:
+        return None
+    options = ["--clearenv"]
+    for name, value in env.items():
+        options += ["--setenv", name, value]
+    return options
+
+
+class Spares:
+    """Up to `size` spares kept ready, each in fresh groups of `accounting`."""
+
+    def __init__(self, accounting: Accounting, size: int) -> None:
+        self.accounting, self.size = accounting, max(1, size)
+        self._ready: list[Spare] = []
+        self._open = False  # refilled by the starter thread
+        self._failed = False  # no group could be made: no more spares are tried
+        self.taken = 0  # how many actions started through a spare
+
+    def take(self) -> Spare | None:
+        """A spare that has started (it may still be joining), or None; the starter thread
+        starts a new one behind it."""
+        with _STARTER.cond:
+            self._open = True
+            spare = self._ready.pop() if self._ready else None
+            if spare is not None:
+                self.taken += 1
+            _STARTER.want(self)
+        return spare
+
+    def close(self) -> None:
+        """End the idle spares (a later take starts new ones)."""
+        with _STARTER.cond:
+            self._open = False
+            idle, self._ready = self._ready, []
+        for spare in idle:
+            self.discard(spare)
+
+    def discard(self, spare: Spare) -> None:
+        """End an unused spare and remove its groups."""
+        try:
+            spare.proc.stdin.close()  # it reads end-of-file and exits
+        except OSError:
+            pass
+        spare.proc.wait()
+        self.accounting.remove(spare.groups)
+
+    def _wants_more(self) -> bool:
+        return self._open and not self._failed and len(self._ready) < self.size
+
+    def _start(self) -> Spare | None:
+        try:
+            groups = self.accounting.new_groups()
+        except OSError:
+            return None  # no group can be made now: actions start the direct way
+        procs = sorted({str(g / "cgroup.procs") for g in groups.values()})
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={},
+                                    start_new_session=True)
+        except OSError:
+            self.accounting.remove(groups)
+            return None
+        return Spare(proc, groups)
+
+
+class _Starter:
+    """The one thread that starts the spares of every pool in this process. It never ends: bwrap
+    --die-with-parent kills a sandbox when the thread that started its process exits."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self._pools: list[Spares] = []
+        self._thread: threading.Thread | None = None
+
+    def want(self, pool: Spares) -> None:
+        """`pool` may want more spares (call with `cond` held)."""
+        if pool not in self._pools:
+            self._pools.append(pool)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bgraph-spares", daemon=True)
+            self._thread.start()
+        self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not (pools := [p for p in self._pools if p._wants_more()]):
+                    self._pools = [p for p in self._pools if p._open and not p._failed]
+                    self.cond.wait()
+            for pool in pools:
+                spare = pool._start()
+                with self.cond:
+                    if spare is None:
+                        pool._failed = True
+                    elif pool._open:
+                        pool._ready.append(spare)
+                        continue
+                if spare is not None:  # closed meanwhile
+                    pool.discard(spare)
+
+
+_STARTER = _Starter()

@@ -1,0 +1,174 @@
+"""Spares (build_graph/spares.py): processes that join an action's cgroups before the action is
+handed to them. Real bwrap and real cgroups; skipped where this host lets bgraph make none."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import requires_bwrap
+from build_graph.cgroups import Accounting
+from build_graph.model import Action, Digester
+from build_graph.spares import Spares, environment_options, launch_script
+from build_graph.store.cas import LocalCas
+
+
+def accounting_or_skip() -> Accounting:
+    accounting = Accounting.probe()
+    if accounting.cpu is None and accounting.memory is None:
+        from test_cgroups import no_cgroup_reason
+        pytest.skip(no_cgroup_reason())
+    return accounting
+
+
+def ready(spares: Spares, timeout: float = 10.0):
+    """Take a spare once the starter thread has one ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spare = spares.take()
+        if spare is not None:
+            return spare
+        time.sleep(0.01)
+    raise AssertionError("no spare became ready")
+
+
+def joined(pid: int, groups: dict[str, Path], timeout: float = 10.0) -> bool:
+    """Whether process `pid` is listed in every one of `groups` (it joins them itself)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(str(pid) in (g / "cgroup.procs").read_text().split() for g in groups.values()):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_spare_joins_its_groups_before_it_is_handed_an_action_and_close_ends_it():
+    accounting = accounting_or_skip()
+    spares = Spares(accounting, 1)
+    spare = ready(spares)
+    assert spare.proc.poll() is None  # waiting for its launch script
+    assert joined(spare.proc.pid, spare.groups)
+    spares.discard(spare)
+    assert spare.proc.returncode == 0  # end of file on its pipe: it leaves quietly
+    assert not any(g.exists() for g in spare.groups.values())
+    deadline = time.monotonic() + 10
+    while not spares._ready and time.monotonic() < deadline:  # the starter thread made one behind it
+        time.sleep(0.01)
+    [idle] = spares._ready
+    spares.close()
+    assert idle.proc.returncode == 0 and not any(g.exists() for g in idle.groups.values())
+    assert spares.taken == 1
+
+
+def test_the_launch_script_gives_the_action_exactly_its_argv_and_environment(tmp_path):
+    """Arguments with quotes, spaces, newlines and `$`, and an environment set only by bwrap's
+    options: nothing of the spare's shell leaks into the action."""
+    import subprocess
+
+    from build_graph.sandbox import find_bwrap
+
+    argv = ["/usr/bin/env", "-0"]
+    env = {"A": "it's \"quoted\" $HOME `x`\nsecond line", "PATH": "/usr/bin"}
+    options = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+               "--symlink", "usr/bin", "/bin", "--chdir", "/", *environment_options(env)]
+    args = tmp_path / "args"
+    args.write_bytes(b"".join(a.encode() + b"\0" for a in options))
+    script = tmp_path / "launch.sh"
+    script.write_text(launch_script(find_bwrap(), args, argv, tmp_path / "out", tmp_path / "err"))
+    run = subprocess.run(["/bin/sh", "-c", '. "$1"', "sh", str(script)], env={"LEAK": "1"})
+    assert run.returncode == 0, (tmp_path / "err").read_text()
+    got = dict(v.split("=", 1) for v in (tmp_path / "out").read_text().split("\0") if v)
+    assert got == {**env, "PWD": "/"}
+    weird = ["/usr/bin/printf", "%s|", "a b", "it's", "$HOME", "new\nline", ""]
+    script.write_text(launch_script(find_bwrap(), args, weird, tmp_path / "out", tmp_path / "err"))
+    assert subprocess.run(["/bin/sh", "-c", '. "$1"', "sh", str(script)]).returncode == 0
+    assert (tmp_path / "out").read_text() == "a b|it's|$HOME|new\nline||"
+
+
+def test_environment_options_refuse_what_bwrap_cannot_take():
+    assert environment_options({"A": "1"}) == ["--clearenv", "--setenv", "A", "1"]
+    assert environment_options({f"V{i}": "x" for i in range(4000)}) is None  # started the direct way
+
+
+@requires_bwrap
+def test_actions_after_the_first_start_through_spares_and_are_measured(tmp_path):
+    """A runner's actions, one after another: from the second on, each starts through a spare
+    (already in its groups); each sees exactly its environment, and its CPU time and peak
+    memory are its own, as through the direct way."""
+    from build_graph.sandbox import BwrapRunner
+
+    accounting_or_skip()
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    try:
+        results, envs = [], []
+        for i in range(4):
+            # Busy for a moment, then ~100 MiB resident, then print its environment.
+            script = ('i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; '
+                      'python3 -c "b = bytearray(100 << 20); b[::4096] = b\'x\' * (len(b) // 4096)"; '
+                      'env | sort > /bgraph/out/env')
+            action = Action(name=f"a{i}", mnemonic="Genrule", argv=("/usr/bin/sh", "-c", script),
+                            env=(("N", str(i)), ("PATH", "/usr/bin")), inputs=(), outputs=("env",),
+                            host_paths=("/usr",))
+            tree, result = runner.run(action)
+            results.append(result)
+            envs.append(cas.read_bytes(tree.entries["env"]).decode().replace(f"N={i}\n", "N=<i>\n"))
+            # Let the starter thread have the next spare ready, as a build's planning does.
+            deadline = time.monotonic() + 10
+            while not runner.spares._ready and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert runner.spares.taken >= 3
+        # The first started the direct way: the others' environments are the same.
+        assert envs == [envs[0]] * 4 and "N=<i>\nPATH=/usr/bin\n" in envs[0], envs
+        if runner.accounting.cpu is not None:
+            assert all(r.cpu_s > 0 for r in results), [r.cpu_s for r in results]
+        if runner.accounting.memory is not None:
+            assert all(90 <= r.peak_mb <= 200 for r in results), [r.peak_mb for r in results]
+    finally:
+        runner.close()
+        cas.close()
+    assert not runner.spares._ready
+
+
+@requires_bwrap
+def test_stop_kills_an_action_that_started_through_a_spare(tmp_path):
+    import threading
+
+    from build_graph.errors import ActionFailed
+    from build_graph.sandbox import BwrapRunner
+
+    accounting_or_skip()
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    quick = Action(name="quick", mnemonic="Genrule", argv=("/usr/bin/sh", "-c", ": > /bgraph/out/x"),
+                   env=(), inputs=(), outputs=("x",), host_paths=("/usr",))
+    runner.run(quick)
+    deadline = time.monotonic() + 10
+    while not runner.spares._ready and time.monotonic() < deadline:
+        time.sleep(0.01)
+    slow = Action(name="slow", mnemonic="Genrule", argv=("/usr/bin/sleep", "60"), env=(), inputs=(),
+                  outputs=(), host_paths=("/usr",))
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            runner.run(slow)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            failure.append(e)
+
+    thread = threading.Thread(target=run)
+    start = time.monotonic()
+    thread.start()
+    while runner.spares.taken < 1 and time.monotonic() - start < 10:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    runner.stop()
+    thread.join(timeout=20)
+    assert not thread.is_alive() and time.monotonic() - start < 20
+    assert runner.spares.taken >= 1
+    assert failure and isinstance(failure[0], ActionFailed) and "interrupted" in str(failure[0])
+    runner.close()
+    cas.close()
+    assert not any(p.pid for p in runner._procs)
