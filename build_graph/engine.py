@@ -5,6 +5,7 @@ state from its first plan to its last result, is build_run.BuildRun."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -152,15 +153,17 @@ class Engine:
             dependency_map(ws)
         self._sandbox = None
         self._fetcher = None
+        self._seams = threading.Lock()  # the first actions of a build ask for the runners at once
         self._host_cache: dict[tuple[str, ...], tuple[HostTool, ...]] = {}
 
     # -- I/O seams, created on first use so a fully cached build needs neither -------------
     @property
     def sandbox(self):
-        if self._sandbox is None:
-            from build_graph.sandbox import BwrapRunner
-            self._sandbox = BwrapRunner(self.cas, self.options.jobs)
-        return self._sandbox
+        with self._seams:  # one runner: stop() kills what it started, and a second would probe again
+            if self._sandbox is None:
+                from build_graph.sandbox import BwrapRunner
+                self._sandbox = BwrapRunner(self.cas, self.options.jobs)
+            return self._sandbox
 
     def probe_host(self, tools: tuple[str, ...]) -> tuple[HostTool, ...]:
         if tools not in self._host_cache:
@@ -176,9 +179,10 @@ class Engine:
         """Run one action on the runner its kind needs (a sandboxed one leaves its process's
         start and end in `stamps`)."""
         if action.kind == "fetch":
-            if self._fetcher is None:
-                from build_graph.fetcher import Fetcher
-                self._fetcher = Fetcher(self.cas)
+            with self._seams:
+                if self._fetcher is None:
+                    from build_graph.fetcher import Fetcher
+                    self._fetcher = Fetcher(self.cas)
             return self._fetcher.run(action)
         if action.kind == "extract":
             return archive.extract(self.cas, action)

@@ -485,6 +485,28 @@ def test_actions_run_in_parallel_within_budget(make_ws, scheduler_spy):
 
 
 @requires_bwrap
+def test_actions_that_start_together_share_one_runner(make_ws, monkeypatch):
+    """The first actions of a build ask for the sandbox runner at once: one runner is made
+    (its stop() must reach every process, and a second would probe the cgroups again)."""
+    import time
+
+    from build_graph import sandbox
+    made = []
+
+    class Slow(sandbox.BwrapRunner):
+        def __init__(self, *a, **kw):
+            time.sleep(0.3)  # both lanes arrive while the first runner is being made
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(sandbox, "BwrapRunner", Slow)
+    ws = make_ws(STAMPED)
+    result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=200)
+    assert not result.failures and result.count("executed") == 2
+    assert len(made) == 1
+
+
+@requires_bwrap
 def test_ctrl_c_leaves_the_store_consistent(make_ws):
     """SIGINT mid-build: exit 130, the running sandbox is killed, nothing partial is cached,
     the staging area is empty, and the next build completes."""
