@@ -206,7 +206,10 @@ class BwrapRunner:
                 cpu_s=round(cpu_s or 0.0, 3))
             return tree, result
         finally:
-            self.accounting.remove(groups)
+            if self.spares is not None:
+                self.spares.retire(groups)
+            else:
+                self.accounting.remove(groups)
             rmtree(work)
 
     def _start(self, action: Action, out_dir: Path, work: Path) -> tuple[subprocess.Popen, dict[str, Path]]:

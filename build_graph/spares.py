@@ -74,6 +74,7 @@ class Spares:
         self._ready: list[Spare] = []
         self._open = False  # refilled by the starter thread
         self._failed = False  # no group could be made: no more spares are tried
+        self._retired: list[dict[str, Path]] = []  # finished actions' groups, removed by the starter thread
         self.taken = 0  # how many actions started through a spare
 
     def take(self) -> Spare | None:
@@ -87,13 +88,24 @@ class Spares:
             _STARTER.want(self)
         return spare
 
+    def retire(self, groups: dict[str, Path]) -> None:
+        """Have a finished action's groups removed off the action's path (their figures read):
+        a memory cgroup's rmdir waits while the kernel lets go of it, up to tens of ms."""
+        if groups:
+            with _STARTER.cond:
+                self._retired.append(groups)
+                _STARTER.want(self)
+
     def close(self) -> None:
-        """End the idle spares (a later take starts new ones)."""
+        """End the idle spares and remove the retired groups (a later take starts new ones)."""
         with _STARTER.cond:
             self._open = False
             idle, self._ready = self._ready, []
+            retired, self._retired = self._retired, []
         for spare in idle:
             self.discard(spare)
+        for groups in retired:
+            self.accounting.remove(groups)
 
     def discard(self, spare: Spare) -> None:
         """End an unused spare and remove its groups."""
@@ -144,10 +156,17 @@ class _Starter:
     def _run(self) -> None:
         while True:
             with self.cond:
-                while not (pools := [p for p in self._pools if p._wants_more()]):
+                while not (pools := [p for p in self._pools if p._wants_more() or p._retired]):
                     self._pools = [p for p in self._pools if p._open and not p._failed]
                     self.cond.wait()
+                retired = [(p, g) for p in pools for g in p._retired]
+                for pool in pools:
+                    pool._retired = []
+            for pool, groups in retired:
+                pool.accounting.remove(groups)
             for pool in pools:
+                if not pool._wants_more():
+                    continue
                 spare = pool._start()
                 with self.cond:
                     if spare is None:

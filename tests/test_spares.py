@@ -3,6 +3,7 @@ handed to them. Real bwrap and real cgroups; skipped where this host lets bgraph
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -130,6 +131,10 @@ def test_actions_after_the_first_start_through_spares_and_are_measured(tmp_path)
         runner.close()
         cas.close()
     assert not runner.spares._ready
+    # The finished actions' groups were removed off their path (retired), all of them by now.
+    mine = [g for a in (runner.accounting.cpu, runner.accounting.memory) if a is not None
+            for g in a.base.iterdir() if g.name.startswith(f"{os.getpid()}-")]
+    assert not mine, mine
 
 
 @requires_bwrap
