@@ -10,6 +10,7 @@ import posixpath
 import re
 
 _TOKEN = re.compile(r"(?:\\.|[^\s\\])+")
+_UNESCAPE = re.compile(r"\\(.)")
 
 
 def parse_depfile(text: str) -> list[str]:
@@ -23,7 +24,9 @@ def parse_depfile(text: str) -> list[str]:
         if not m:
             continue
         for raw in _TOKEN.findall(line[m.end():]):
-            name = re.sub(r"\\(.)", r"\1", raw).replace("$$", "$")
+            name = _UNESCAPE.sub(r"\1", raw) if "\\" in raw else raw  # most names have no escape
+            if "$$" in name:
+                name = name.replace("$$", "$")
             if name not in seen:
                 seen.add(name)
                 deps.append(name)
