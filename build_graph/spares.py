@@ -1,10 +1,12 @@
 """Processes started ahead of their actions, already inside the actions' cgroups.
 
-Joining a cgroup (a write to its cgroup.procs) waits in the kernel for an RCU grace period
-(the cgroup_threadgroup_rwsem write lock), 5-15 ms on a host whose last join was more than a
-few milliseconds ago, and an action's process must not run before it has joined (its memory
-would be charged elsewhere). Paid on the way into every action, that wait was 4-5% of a
-build of small steps. A spare is a /bin/sh that makes the next action's groups' join while
+Joining a cgroup (a write to its cgroup.procs) write-locks the kernel's
+cgroup_threadgroup_rwsem, which since Linux 6.0 (commit 6a010a49b63a) waits for an RCU grace
+period unless the hierarchy is mounted with `favordynmods`: 5-10 ms measured on a host whose
+last join was 50-200 ms earlier, under 0.3 ms back to back. An action's process must not run
+before it has joined (its memory would be charged elsewhere), so every action waited that
+long before it started: 4-5% of a build of small steps. (clone3's CLONE_INTO_CGROUP, cgroup v2
+only, avoids the lock; Python's subprocess cannot use it.) A spare is a /bin/sh that makes the next action's groups' join while
 earlier actions run, then waits on a pipe for the file that says what to exec: the action
 starts without the wait, its first process already counted in its groups.
 
