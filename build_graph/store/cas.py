@@ -234,6 +234,9 @@ class LocalCas:
         self._stamps = JsonTable(self.base / "verified.json", self.tmp)
         self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
         self._exec_lock = threading.Lock()
+        # Held from a stamp's stat to its record: two lanes linking or touching one blob (the
+        # empty one, every action's stdout) must not record the older ctime last.
+        self._stamp_lock = threading.Lock()
         self._refreshed: set[str] = set()
         # Workspace path -> stat stamp and digest (see put_source).
         self._sources = JsonTable(self.base / "sources.json", self.tmp)
@@ -297,7 +300,8 @@ class LocalCas:
         build trusts it as if it had hashed it (else the first build after a fetch re-hashed
         the whole toolchain it had just stored, 0.45 s before nvcc's first step)."""
         try:
-            self._stamps.set(os.path.basename(path), stat_stamp(os.stat(path)))
+            with self._stamp_lock:
+                self._stamps.set(os.path.basename(path), stat_stamp(os.stat(path)))
         except FileNotFoundError:  # collected at once by a concurrent gc: nothing to trust
             pass
 
@@ -358,14 +362,15 @@ class LocalCas:
         if digest in self._refreshed:
             return
         p = self.blob_path(digest)
-        try:
-            os.utime(p, (FIXED_MTIME, FIXED_MTIME))  # same times; the kernel moves ctime
-            st = p.stat()
-        except FileNotFoundError:
-            return
-        if p.name in self._stamps.table:  # it was verified a moment ago; keep that
-            self._stamps.set(p.name, stat_stamp(st))
-        self._refreshed.add(digest)
+        with self._stamp_lock:
+            try:
+                os.utime(p, (FIXED_MTIME, FIXED_MTIME))  # same times; the kernel moves ctime
+                st = p.stat()
+            except FileNotFoundError:
+                return
+            if p.name in self._stamps.table:  # it was verified a moment ago; keep that
+                self._stamps.set(p.name, stat_stamp(st))
+            self._refreshed.add(digest)
 
     def put_file(self, path: str | os.PathLike, executable: bool | None = None, move: bool = False) -> FileEntry:
         """Store a file's bytes. With move=True the file (in our staging area) is renamed in."""
@@ -493,7 +498,9 @@ class LocalCas:
                     continue
                 if hash_file(copy, self.digester) != entry.digest:
                     raise CorruptBlob("digest mismatch")
-                self._stamps.set(name, stamp)
+                with self._stamp_lock:  # recorded only if nothing touched it while it was hashed
+                    if stat_stamp(os.stat(copy)) == stamp:
+                        self._stamps.set(name, stamp)
         except FileNotFoundError:
             return False
         except CorruptBlob as e:
@@ -664,8 +671,9 @@ class LocalCas:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
         take the new ctime where size, mtime and inode still match, else the next build would
         re-hash every blob this one linked."""
-        for p in blobs:
-            restamp_linked(self._stamps, p)
+        with self._stamp_lock:
+            for p in blobs:
+                restamp_linked(self._stamps, p)
 
     def add_root(self, link: Path) -> None:
         """Make the tree `link` points at a gc root while the link stays (like a Nix result
