@@ -226,6 +226,8 @@ class BwrapRunner:
             args_file.write_bytes(b"".join(a.encode() + b"\0" for a in [*options[:split], *env_options]))
             script = work / "launch.sh"
             script.write_text(launch_script(bwrap, args_file, options[split + 1:], work / "stdout", work / "stderr"))
+            for name in ("stdout", "stderr"):  # there to read even if the spare ends before its script runs
+                (work / name).write_bytes(b"")
             with self._lock:  # registered before it runs the action, so stop() cannot miss it
                 self._procs.add(spare.proc)
             if spare.launch(script):

@@ -77,6 +77,7 @@ class Spares:
         self._open = False  # refilled by the starter thread
         self._failed = False  # no group could be made: no more spares are tried
         self._retired: list[dict[str, Path]] = []  # finished actions' groups, removed by the starter thread
+        self._busy = 0  # the starter thread is starting a spare or removing groups for this pool
         self.taken = 0  # how many actions started through a spare
 
     def take(self) -> Spare | None:
@@ -99,9 +100,13 @@ class Spares:
                 _STARTER.want(self)
 
     def close(self) -> None:
-        """End the idle spares and remove the retired groups (a later take starts new ones)."""
+        """End the idle spares and remove the retired groups, once the starter thread has
+        finished what it was doing for this pool (bgraph may exit right after: a group left
+        behind would outlive it). A later take starts new ones."""
         with _STARTER.cond:
             self._open = False
+            while self._busy:
+                _STARTER.cond.wait()
             idle, self._ready = self._ready, []
             retired, self._retired = self._retired, []
         for spare in idle:
@@ -153,7 +158,7 @@ class _Starter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bgraph-spares", daemon=True)
             self._thread.start()
-        self.cond.notify()
+        self.cond.notify_all()  # close() may be waiting on the same condition
 
     def _run(self) -> None:
         while True:
@@ -161,23 +166,27 @@ class _Starter:
                 while not (pools := [p for p in self._pools if p._wants_more() or p._retired]):
                     self._pools = [p for p in self._pools if p._open and not p._failed]
                     self.cond.wait()
-                retired = [(p, g) for p in pools for g in p._retired]
+                work = [(p, p._retired, p._wants_more()) for p in pools]
                 for pool in pools:
                     pool._retired = []
-            for pool, groups in retired:
-                pool.accounting.remove(groups)
-            for pool in pools:
-                if not pool._wants_more():
-                    continue
-                spare = pool._start()
-                with self.cond:
-                    if spare is None:
-                        pool._failed = True
-                    elif pool._open:
-                        pool._ready.append(spare)
-                        continue
-                if spare is not None:  # closed meanwhile
-                    pool.discard(spare)
+                    pool._busy += 1
+            for pool, retired, start in work:
+                try:
+                    for groups in retired:
+                        pool.accounting.remove(groups)
+                    spare = pool._start() if start else None
+                    with self.cond:
+                        if start and spare is None:
+                            pool._failed = True
+                        elif spare is not None and pool._open:
+                            pool._ready.append(spare)
+                            spare = None
+                    if spare is not None:  # closed meanwhile
+                        pool.discard(spare)
+                finally:
+                    with self.cond:
+                        pool._busy -= 1
+                        self.cond.notify_all()
 
 
 _STARTER = _Starter()

@@ -177,3 +177,29 @@ def test_stop_kills_an_action_that_started_through_a_spare(tmp_path):
     runner.close()
     cas.close()
     assert not any(p.pid for p in runner._procs)
+
+
+@requires_bwrap
+def test_a_spare_that_died_is_passed_over(tmp_path):
+    """A spare gone before it is handed its action (killed, or its join refused): the action
+    starts the direct way, and its groups are removed."""
+    import signal
+
+    from build_graph.sandbox import BwrapRunner
+
+    accounting_or_skip()
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    try:
+        spare = ready(runner.spares)
+        runner.spares._ready.append(spare)  # back, for the runner to take
+        spare.proc.send_signal(signal.SIGKILL)
+        spare.proc.wait()
+        action = Action(name="after", mnemonic="Genrule", argv=("/usr/bin/sh", "-c", "echo ran > /bgraph/out/x"),
+                        env=(), inputs=(), outputs=("x",), host_paths=("/usr",))
+        tree, _result = runner.run(action)
+        assert cas.read_bytes(tree.entries["x"]) == b"ran\n"
+        assert not any(g.exists() for g in spare.groups.values())
+    finally:
+        runner.close()
+        cas.close()
