@@ -6,13 +6,17 @@ period unless the hierarchy is mounted with `favordynmods`: 5-10 ms measured on 
 last join was 50-200 ms earlier, under 0.3 ms back to back. An action's process must not run
 before it has joined (its memory would be charged elsewhere), so every action waited that
 long before it started: 4-5% of a build of small steps. (clone3's CLONE_INTO_CGROUP, cgroup v2
-only, avoids the lock; Python's subprocess cannot use it.) A spare is a /bin/sh that makes the next action's groups' join while
-earlier actions run, then waits on a pipe for the file that says what to exec: the action
-starts without the wait, its first process already counted in its groups.
+only, avoids the lock; Python's subprocess cannot use it.)
 
-Spares are started by one long-lived thread of the runner, never by an action's thread: bwrap
---die-with-parent kills the sandbox when the thread that started its process exits, and an
-action's thread ends with its action. Part of the sandbox layer: only sandbox.py uses this.
+A spare is a /bin/sh that joins the next action's groups while earlier actions run, then waits
+on a pipe for the script that says what to exec: the action starts without the wait, its first
+process already counted in its groups. A spare that is gone when its action comes (killed, or
+its join refused) is passed over: the sandbox starts that action the direct way.
+
+Spares are started by one thread per bgraph process, which never ends: bwrap --die-with-parent
+kills the sandbox when the thread that started its process exits, and an action's thread ends
+with its action. The same thread removes finished actions' groups. Part of the sandbox layer:
+only sandbox.py uses this.
 """
 
 from __future__ import annotations
