@@ -82,12 +82,17 @@ class Spares:
         self._failed = False  # no group could be made: no more spares are tried
         self._retired: list[dict[str, Path]] = []  # finished actions' groups, removed by the starter thread
         self._busy = 0  # the starter thread is starting a spare or removing groups for this pool
+        self._asked = 0  # take() calls since the last close(): the build's actions so far
         self.taken = 0  # how many actions started through a spare
 
     def take(self) -> Spare | None:
         """A spare that has started (it may still be joining), or None; the starter thread
-        starts a new one behind it."""
+        starts a new one behind it. The first `size` actions of a build start the direct way:
+        a build of one or two actions (an edit) would start and discard spares for nothing."""
         with _STARTER.cond:
+            self._asked += 1
+            if self._asked <= self.size:
+                return None
             self._open = True
             spare = self._ready.pop() if self._ready else None
             if spare is not None:
@@ -109,6 +114,7 @@ class Spares:
         behind would outlive it). A later take starts new ones."""
         with _STARTER.cond:
             self._open = False
+            self._asked = 0
             while self._busy:
                 _STARTER.cond.wait()
             idle, self._ready = self._ready, []
