@@ -156,7 +156,7 @@ class BwrapRunner:
                 (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             stdout_path, stderr_path = work / "stdout", work / "stderr"
             start = time.monotonic()
-            proc, groups = self._start(action, out_dir, work)
+            proc, groups = self._start(action, out_dir, work, stdout_path, stderr_path)
             try:
                 # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:
                 # it starts from bgraph's own high-water mark (see cgroups.py).
@@ -212,22 +212,24 @@ class BwrapRunner:
                 self.accounting.remove(groups)
             rmtree(work)
 
-    def _start(self, action: Action, out_dir: Path, work: Path) -> tuple[subprocess.Popen, dict[str, Path]]:
+    def _start(self, action: Action, out_dir: Path, work: Path, stdout_path: Path, stderr_path: Path
+               ) -> tuple[subprocess.Popen, dict[str, Path]]:
         """The action's process, started in its cgroups (through a spare where one is ready),
-        with its stdout and stderr in `work`; registered for stop()."""
+        its output going to `stdout_path` and `stderr_path`; registered for stop()."""
         # bwrap reads its options from a descriptor (it closes it after reading), so the
         # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
         bwrap, *options = self.command(action, out_dir)
         split = options.index("--")
         args_file = work / "bwrap.args"
-        env_options = environment_options(self.environment(action)) if self.spares is not None else None
+        env = self.environment(action)
+        env_options = environment_options(env) if self.spares is not None else None
         spare = self.spares.take() if env_options is not None else None
         if spare is not None:
-            args_file.write_bytes(b"".join(a.encode() + b"\0" for a in [*options[:split], *env_options]))
+            args_file.write_bytes(_nul_separated([*options[:split], *env_options]))
             script = work / "launch.sh"
-            script.write_text(launch_script(bwrap, args_file, options[split + 1:], work / "stdout", work / "stderr"))
-            for name in ("stdout", "stderr"):  # there to read even if the spare ends before its script runs
-                (work / name).write_bytes(b"")
+            script.write_text(launch_script(bwrap, args_file, options[split + 1:], stdout_path, stderr_path))
+            for path in (stdout_path, stderr_path):  # there to read even if the spare ends before its script runs
+                path.write_bytes(b"")
             with self._lock:  # registered before it runs the action, so stop() cannot miss it
                 self._procs.add(spare.proc)
             if spare.launch(script):
@@ -235,13 +237,13 @@ class BwrapRunner:
             with self._lock:
                 self._procs.discard(spare.proc)
             self.accounting.remove(spare.groups)
-        args_file.write_bytes(b"".join(a.encode() + b"\0" for a in options[:split]))
+        args_file.write_bytes(_nul_separated(options[:split]))
         groups = self.accounting.new_groups()
         try:
-            with open(work / "stdout", "wb") as so, open(work / "stderr", "wb") as se, open(args_file, "rb") as af:
+            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
                 argv = self.accounting.wrap(groups, [bwrap, "--args", str(af.fileno()), *options[split:]])
                 proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                        pass_fds=(af.fileno(),), start_new_session=True, env=self.environment(action))
+                                        pass_fds=(af.fileno(),), start_new_session=True, env=env)
         except BaseException:
             self.accounting.remove(groups)
             raise
@@ -264,6 +266,11 @@ class BwrapRunner:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _nul_separated(args: list[str]) -> bytes:
+    """Arguments as bwrap's --args reads them."""
+    return b"".join(a.encode() + b"\0" for a in args)
 
 
 class PeakSampler(threading.Thread):

@@ -49,7 +49,7 @@ class Spare:
             self.proc.stdin.write(str(script).encode() + b"\n")
             self.proc.stdin.close()
             return True
-        except (BrokenPipeError, ValueError, OSError):
+        except (OSError, ValueError):  # a broken pipe: it ended before its action came
             self.proc.wait()
             return False
 
