@@ -6,7 +6,8 @@ that holds only the genrules' shell toolchain (`bgraph build --dry-run`: N sourc
 computed and looked up; nothing runs) with its peak RSS, `bgraph query` of the whole graph and
 `bgraph why` from the top target to one genrule (after the cold build), one source edited and
 rebuilt, then a second source (the next edit of an edit-build loop), then bgraph-out/ removed and
-built again (`make clean`); Ninja's cold, no-op and edit builds beside. `query` is run three times: the first loads the
+built again (`make clean`), then one target's definition edited (its genrule's command) and
+rebuilt; Ninja's cold, no-op, edit and edited-edge builds beside. `query` is run three times: the first loads the
 workspace, the others are answered from the record of the first (noop.py).
 
 --bgraph-path DIR runs the bgraph found there (a snapshot of one commit: `git archive REV | tar -x
@@ -64,6 +65,21 @@ def age(root: Path, seconds: float = 60) -> None:
 def edit(root: Path, i: int) -> None:
     """A user's edit of one source (new content, written now: Ninja compares mtimes)."""
     (root / "src" / f"f{i}.txt").write_text(f"edited {i}\n")
+
+
+def redefine_target(root: Path, i: int) -> None:
+    """A user's edit of one target's definition: genrule g<i> gets another command; every other
+    target stays as it was."""
+    toml = root / "targets" / "many.toml"
+    old = f'cmd = "cp $SRC/src/f{i}.txt $OUT/o{i}.txt"'
+    toml.write_text(toml.read_text().replace(old, old[:-1] + f' && echo >> $OUT/o{i}.txt"', 1))
+
+
+def redefine_edge(root: Path, i: int) -> None:
+    """The same edit for Ninja: edge out/o<i>.txt gets another command (a rule of its own)."""
+    ninja = root / "build.ninja"
+    text = ninja.read_text().replace(f"build out/o{i}.txt: cp ", f"build out/o{i}.txt: cpx ", 1)
+    ninja.write_text("rule cpx\n  command = cp $in $out && echo >> $out\n" + text)
 
 
 ENV = dict(os.environ)
@@ -144,6 +160,10 @@ def main() -> None:
             shutil.rmtree(root / "bgraph-out")  # `make clean`: the links come back from the record
             row["clean_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "//many:all-of-them"], root)
             row["clean_cpu_s"] = CPU["last"]
+            redefine_target(root, 3)
+            row["target_edit_s"] = timed([*bgraph, "--cache-dir", str(cache), "build", "-j2", "//many:all-of-them"],
+                                         root)
+            row["target_edit_cpu_s"] = CPU["last"]
         ninja = shutil.which("ninja")
         if ninja and n <= args.ninja_max:
             row["ninja_cold_s"] = timed([ninja, "-j2"], root)
@@ -152,6 +172,9 @@ def main() -> None:
             edit(root, 1)
             row["ninja_edit_s"] = timed([ninja, "-j2"], root)
             row["ninja_edit_cpu_s"] = CPU["last"]
+            redefine_edge(root, 3)
+            row["ninja_target_edit_s"] = timed([ninja, "-j2"], root)
+            row["ninja_target_edit_cpu_s"] = CPU["last"]
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         rows.append(row)
         shutil.rmtree(root, ignore_errors=True)

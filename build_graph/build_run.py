@@ -22,7 +22,7 @@ from build_graph.planner import SourceFiles, TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss
 from build_graph.scheduler import Scheduler
-from build_graph.store.memo import Entry
+from build_graph.store.memo import Entry, definition_of
 from build_graph.store.trace import trace_bytes
 
 
@@ -73,8 +73,13 @@ class BuildRun:
         # A missing source is a load error: report it before running anything (kept for planning).
         # A target the memo knows had these same files then (no file was added or removed).
         files = SourceFiles(engine.ws.root)
+        # After a target file changed, the targets whose definitions differ from the memo's.
+        self.redefined = {label for label in self.order if self.reuse is not None and self.reuse.definitions
+                          and str(label) in self.reuse.entries
+                          and self.reuse.entries[str(label)].definition != definition_of(engine.ws.targets[label.label])}
         self.expanded = {label: engine.variant.expand(engine.ws, engine.ws.targets[label.label], files)
-                         for label in self.order if self.reuse is None or str(label) not in self.reuse.entries}
+                         for label in self.order
+                         if self.reuse is None or str(label) not in self.reuse.entries or label in self.redefined}
         self.records: list[ActionRecord] = []
         self.failures: list[BgraphError] = []
         self.failed: set[Configured] = set()
@@ -209,7 +214,7 @@ class BuildRun:
         dependency's output is the one it was built from (store/memo.py)."""
         name = str(label)
         entry = self.reuse.entry(name)
-        if entry is None:
+        if entry is None or label in self.redefined:
             return False
         entries = self.reuse.entries
         for dep in self.deps[label]:
@@ -265,7 +270,8 @@ class BuildRun:
             self.memo[str(label)] = Entry(state.sources, state.plan.output,
                                           tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records),
                                           tuple(map(str, self.deps[label])),
-                                          pickle.dumps((label, self.graph.dep_labels[label]), pickle.HIGHEST_PROTOCOL))
+                                          pickle.dumps((label, self.graph.dep_labels[label]), pickle.HIGHEST_PROTOCOL),
+                                          definition=definition_of(e.ws.targets[label.label]))
             self._built(label)
             trace = {"actions": state.trace_actions, "last_build": state.records}
             encoded = trace_bytes(trace)

@@ -101,15 +101,17 @@ class Previous:
         only the contents of workspace files read as sources changed."""
         if self.changed is None or not self.record.memo:
             return None
-        if any(p == "WORKSPACE.toml" or (p.startswith("targets/") and p.endswith(".toml")) for p in self.changed):
-            return None  # a target's definition may have changed: the memo's entries do not say
+        if "WORKSPACE.toml" in self.changed:
+            return None  # pins, platforms, defaults: what every plan may read
+        # A target's definition may have changed: each entry is then checked against its own.
+        definitions = any(p.startswith("targets/") and p.endswith(".toml") for p in self.changed)
         generation = uptodate.generation_path(cache / "v1")
         if str(generation) not in self.record.extra:  # the memo belongs to another cache
             return None
         entries = memo.load(self.asked.store, self.asked.digest, self.record.memo)
         if entries is None:
             return None
-        return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)])
+        return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)], definitions)
 
 
 class Recording:

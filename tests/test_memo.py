@@ -98,14 +98,41 @@ def test_a_file_no_target_reads_changes_nothing(make_ws):
     assert "executed 0" in run.stderr and reused(run) == 5
 
 
-def test_an_edited_target_file_or_added_file_takes_the_full_path(make_ws):
+def test_an_edited_target_file_replans_only_the_targets_whose_definitions_changed(make_ws):
     ws = ready(make_ws)
     toml = FILES["targets/p.toml"].replace("cp $SRC/c.txt", "cat $SRC/c.txt $SRC/c.txt >")
-    run = edited(ws, {"targets/p.toml": toml.replace("$OUT/c.txt\"", "$OUT/c.txt\"", 1)})
-    assert reused(run) == 0 and "executed 2" in run.stderr, run.stderr
+    run = edited(ws, {"targets/p.toml": toml})
+    # :c (redefined) and :top ran; :a, :b and the shell toolchain are taken as they were
+    assert reused(run) == 3 and "executed 2" in run.stderr, run.stderr
     assert ws.read_output("//p:top", "top.txt") == "2\nc\nc\n"
+    # A comment, the tables in another order: every definition is what it was.
+    reordered = toml.split("\n\n")
+    run = edited(ws, {"targets/p.toml": "# reordered\n" + "\n\n".join(reordered[::-1]) + "\n"})
+    assert reused(run) == 5 and "executed 0" in run.stderr, run.stderr
+    # A new dependency of :b: the graph is built afresh, :b and :top run, :a and :c are reused.
+    toml = toml.replace('deps = { a = ":a" }', 'deps = { a = ":a", c = ":c" }')
+    run = edited(ws, {"targets/p.toml": toml.replace("wc -l < $IN_A/a.txt", "cat $IN_C/c.txt $IN_A/a.txt | wc -l")})
+    assert reused(run) == 3 and "executed 2" in run.stderr, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "4\nc\nc\n"
+
+
+def test_a_cycle_made_by_a_target_file_edit_is_an_error_before_anything_runs(make_ws):
+    ws = ready(make_ws)
+    toml = FILES["targets/p.toml"].replace('deps = { a = ":a" }', 'deps = { a = ":a", t = ":top" }')
+    ws.write({"targets/p.toml": toml, "c.txt": "x\n"})
+    run = ws.cli("build", "//p:top")
+    assert run.rc != 0 and "cycle" in run.stderr and "Traceback" not in run.output, run.output
+    assert "executed" not in run.stderr, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\n"
+
+
+def test_an_edited_workspace_file_or_added_file_takes_the_full_path(make_ws):
+    ws = ready(make_ws)
+    workspace = (ws.root / "WORKSPACE.toml").read_text()
+    run = edited(ws, {"WORKSPACE.toml": workspace + "\n# edited\n", "c.txt": "w\n"})
+    assert reused(run) == 0 and "executed 2" in run.stderr, run.stderr
     run = edited(ws, {"new.txt": "added\n", "c.txt": "d\n"})
-    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nd\nd\n"
+    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nd\n"
 
 
 def test_a_build_just_after_an_edit_keeps_the_reuse_for_the_next(make_ws):

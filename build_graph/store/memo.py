@@ -4,13 +4,18 @@ no-op record (`<cache>/v1/uptodate/<request>.memo`).
 
 The no-op record answers "did anything change"; the memo answers "what does this change reach".
 When only the contents of workspace files changed since the record (no file added or removed,
-no target file, no code, config, host tool or cache generation: `uptodate.changed_files`), a
+no code, config, host tool or cache generation: `uptodate.changed_files`; not WORKSPACE.toml), a
 target is reused whole, without expanding, storing or hashing its sources, planning it or
 computing a key, where none of its own sources changed and every dependency's output equals the
 one it was built from (early cutoff at target level). Every other target takes the full path.
 
-Why reuse is exact: a target's plan is a function of its definition (fixed while no target file
-and no code changed), its configuration (part of the request), its sources (stamps unchanged),
+A changed target file (targets/*.toml) does not void the memo: each entry keeps a digest of its
+target's definition (`definition`), and a target is reused only where that digest is the one of
+its definition now. The configured graph is then built afresh (a dependency may have been added),
+and the targets are checked one by one (`Reuse.definitions`) instead of through the memo's graph.
+
+Why reuse is exact: a target's plan is a function of its definition (its digest compared, and no
+code changed), its configuration (part of the request), its sources (stamps unchanged),
 its dependencies' outputs (compared), probed host tools (stamped in the record) and the action
 cache, whose entries a reused target's actions were hits in; what `cache gc` or `cache verify
 --repair` removes bumps the generation, checked again after the build holds the reused keys
@@ -23,6 +28,7 @@ two writes, a concurrent build) is not used. A damaged or foreign memo is ignore
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from dataclasses import dataclass
 from graphlib import TopologicalSorter
@@ -34,7 +40,7 @@ from build_graph.store.atomic import write_bytes
 if TYPE_CHECKING:  # not imported by a no-op (pickle imports it when a memo is loaded)
     from build_graph.model import TargetOutput
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,14 @@ class Entry:
     deps: tuple[str, ...] = ()  # its configured dependencies
     node: bytes = b""  # pickled (configs.Configured, its configured edges): unpickled only if it is planned again
     volatile: bool = False  # a source the stamps cannot see: never reused
+    definition: str = ""  # definition_of(its target) when it was planned
+
+
+def definition_of(target: Any) -> str:
+    """A digest of everything a workspace.Target says (label, kind, where it is written, every
+    attribute with its default): two targets with one digest plan alike."""
+    head = f"{target.label}\0{target.kind}\0{target.file}\0{target.table}\0".encode()
+    return hashlib.sha256(head + target.attrs.model_dump_json().encode()).hexdigest()
 
 
 def path(store: Path, digest: str) -> Path:
@@ -86,6 +100,9 @@ class Reuse:
     changed: set[str]  # workspace files whose contents changed since the memo's build
     generation: Path  # the cache's generation file, checked again once the reused keys are held
     generation_stamp: list | None
+    # A target file changed: an entry holds only for a target whose definition_of is the entry's,
+    # and the memo's graph is not the workspace's (subgraph() offers none).
+    definitions: bool = False
 
     def _touched(self, e: Entry) -> bool:
         """Whether a changed file (or one the stamps cannot see) is among the target's sources."""
@@ -117,10 +134,10 @@ class Reuse:
     def subgraph(self, requested: list) -> tuple[Any, dict, set[str]] | None:
         """The part of the configured graph a build must visit (configs.ConfiguredGraph over the
         affected targets), the outputs of the targets it reads and does not visit, and the names
-        of those visited; None where the memo does not cover the request."""
+        of those visited; None where the memo does not cover the request, or a target file changed."""
         from build_graph.configs import ConfiguredGraph
 
-        if any(str(r) not in self.entries for r in requested):
+        if self.definitions or any(str(r) not in self.entries for r in requested):
             return None
         names = self.affected()
         entries = self.entries
