@@ -19,6 +19,7 @@ import orjson
 
 from build_graph.roots import records_dir, user_config_path, workspace_root
 from build_graph.store import memo, uptodate
+from build_graph.store.atomic import write_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,6 +37,9 @@ class Request:
     root: Path
     digest: str
     store: Path  # <cache>/v1/uptodate
+    # The request less its targets: builds of other targets in the same workspace, cache and
+    # configuration share it, and the last one's memo serves a request that has no record yet.
+    family: str = ""
 
 
 def request(args) -> Request | None:
@@ -53,7 +57,12 @@ def request(args) -> Request | None:
         "remote": [args.remote_cache, args.remote_signing_key, args.remote_trusted_key],
         "env": {k: os.environ.get(k) for k in _ENV},
     }
-    return Request(root, uptodate.request_digest(parts), store)
+    family = uptodate.request_digest({k: v for k, v in parts.items() if k != "targets"})
+    return Request(root, uptodate.request_digest(parts), store, family)
+
+
+def _family_path(store: Path, family: str) -> Path:
+    return store / f"{family}.last"
 
 
 class Previous:
@@ -61,7 +70,16 @@ class Previous:
 
     def __init__(self, asked: Request):
         self.asked, self.started, self.started_ns = asked, time.monotonic(), time.time_ns()
+        self.digest = asked.digest  # whose record this is: the request's own, or its family's last
         self.record = uptodate.load(asked.store, asked.digest)
+        if self.record is None and asked.family:
+            try:
+                self.digest = _family_path(asked.store, asked.family).read_text().strip()
+            except OSError:
+                pass
+            else:
+                self.record = uptodate.load(asked.store, self.digest)
+        self.own = self.digest == asked.digest
         self.scanned: dict[str, Any] = {}  # the workspace as this check found it (if it got that far)
         # None: more than file contents changed (or no record); empty: nothing in the workspace did
         self.changed = uptodate.changed_files(self.record, self.scanned) if self.record is not None else None
@@ -70,7 +88,7 @@ class Previous:
         """If nothing changed and the outputs are in place, say so as a build would (with
         `as_json`, the summary `--json` prints, every action a hit) and return True; else False
         (the caller builds)."""
-        if self.changed != set():
+        if self.changed != set() or not self.own:
             return False
         entries = memo.load(self.asked.store, self.asked.digest, self.record.memo) if as_json else None
         if as_json and entries is None:
@@ -108,10 +126,11 @@ class Previous:
         generation = uptodate.generation_path(cache / "v1")
         if str(generation) not in self.record.extra:  # the memo belongs to another cache
             return None
-        entries = memo.load(self.asked.store, self.asked.digest, self.record.memo)
+        entries = memo.load(self.asked.store, self.digest, self.record.memo)
         if entries is None:
             return None
-        return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)], definitions)
+        return memo.Reuse(entries, self.changed, generation, self.record.extra[str(generation)], definitions,
+                          other_request=not self.own)
 
 
 class Recording:
@@ -176,6 +195,8 @@ class Recording:
             links=links, outputs=uptodate.output_stamps(links), summary=summary, memo=name)
         try:
             uptodate.save(self.asked.store, self.asked.digest, record)
+            if name and self.asked.family:  # the memo a first build of other targets may take from
+                write_bytes(_family_path(self.asked.store, self.asked.family), self.asked.digest.encode())
         except OSError:
             pass  # a read-only cache costs the next run its speed, nothing else
 

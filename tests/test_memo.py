@@ -135,6 +135,27 @@ def test_an_edited_workspace_file_or_added_file_takes_the_full_path(make_ws):
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nd\n"
 
 
+def test_a_first_build_of_other_targets_takes_the_last_builds_memo(make_ws):
+    ws = make_ws(FILES)
+    age(ws.root)
+    first = build(ws, "//p:c")
+    assert "executed 1" in first.stderr and reused(first) == 0, first.stderr
+    run = build(ws, "//p:top")  # no record of its own: :c and the shell toolchain come from //p:c's memo
+    assert "up to date" not in run.stderr and "executed 3" in run.stderr and reused(run) == 2, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\n"
+    # Fewer targets than the memo's build, one of them edited: only what this request needs runs.
+    ws.write({"a.txt": "q\n", "c.txt": "C\n"})
+    past = time.time() - 20
+    for name in ("a.txt", "c.txt"):
+        os.utime(ws.root / name, (past, past))
+    run = build(ws, "//p:b")
+    assert "executed 2" in run.stderr and reused(run) == 1, run.stderr  # :a and :b; :c is not needed
+    assert ws.read_output("//p:b", "b.txt") == "1\n"
+    run = build(ws, "//p:top")  # its own record (older than //p:b's): :a and :b are hits, :c and :top run
+    assert "executed 2" in run.stderr and "cache hits 2" in run.stderr and reused(run) == 1, run.stderr
+    assert ws.read_output("//p:top", "top.txt") == "1\nC\n"
+
+
 def test_a_build_just_after_an_edit_keeps_the_reuse_for_the_next(make_ws):
     ws = ready(make_ws)
     ws.write({"c.txt": "h\n"})  # written now: its stamp cannot be trusted yet ("racily clean")

@@ -22,6 +22,10 @@ cache, whose entries a reused target's actions were hits in; what `cache gc` or 
 (engine.py). A source outside the record's scan (under `.git/`, `__pycache__/` or the cache),
 whose changes the stamps cannot see, makes its target never reused ("volatile").
 
+A request with no record of its own (a first build of these targets) takes the memo of the last
+build of its family: the same workspace, cache and configuration, other targets (`noop.Request.
+family`). Its targets are then checked one by one, like after a target-file edit.
+
 The memo names the record it belongs to; a memo whose record was replaced (a crash between the
 two writes, a concurrent build) is not used. A damaged or foreign memo is ignored.
 """
@@ -103,6 +107,9 @@ class Reuse:
     # A target file changed: an entry holds only for a target whose definition_of is the entry's,
     # and the memo's graph is not the workspace's (subgraph() offers none).
     definitions: bool = False
+    # The memo is another request's (the last build of other targets, same workspace and
+    # configuration): its graph is not this request's either.
+    other_request: bool = False
 
     def _touched(self, e: Entry) -> bool:
         """Whether a changed file (or one the stamps cannot see) is among the target's sources."""
@@ -134,10 +141,11 @@ class Reuse:
     def subgraph(self, requested: list) -> tuple[Any, dict, set[str]] | None:
         """The part of the configured graph a build must visit (configs.ConfiguredGraph over the
         affected targets), the outputs of the targets it reads and does not visit, and the names
-        of those visited; None where the memo does not cover the request, or a target file changed."""
+        of those visited; None where the memo does not cover the request, is another request's,
+        or a target file changed."""
         from build_graph.configs import ConfiguredGraph
 
-        if self.definitions or any(str(r) not in self.entries for r in requested):
+        if self.definitions or self.other_request or any(str(r) not in self.entries for r in requested):
             return None
         names = self.affected()
         entries = self.entries
