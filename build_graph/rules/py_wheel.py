@@ -22,7 +22,6 @@ import json
 import re
 from typing import Literal
 from email.parser import HeaderParser
-from email.policy import compat32
 
 from pydantic import Field, field_validator
 
@@ -210,7 +209,8 @@ def _metadata(ctx: RuleContext, tree: Tree, path: str, version: str) -> list[str
     if entry is None:
         raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "metadata_from")
     # PKG-INFO is RFC 822 headers (core metadata): the standard library's parser unfolds them.
-    headers = HeaderParser(policy=compat32).parsestr(ctx.read(entry).decode(errors="replace"), headersonly=True)
+    headers = HeaderParser().parsestr(  # compat32, its default (email.policy costs 15 ms to import)
+        ctx.read(entry).decode(errors="replace"), headersonly=True)
     found = headers.get("Version")
     if found != version:
         raise ctx.fail(f"{path} says version {found}, the target says {version}", "version")
