@@ -1,7 +1,8 @@
 """One CUDA translation unit compiled through nvcc's own steps: the sub-plan that both
 `cuda_library` and the CMake import (`cmake_project`) use for every nvcc compile.
 
-`nvcc --dryrun` (keyed on the flags and the toolchain, not on the source) lists the steps;
+`nvcc --dryrun` (keyed on the flags and the toolchain, not on the source; `cuda_library` runs one
+for all the TUs of a directory with one flag set, with placeholder names) lists the steps;
 each becomes a sandboxed action keyed on exactly what it reads. The preprocessing steps (host
 and per arch) read the source tree: each writes a depfile, and the rebuilder narrows their
 inputs to the files it names, so an edit to a file the TU does not include runs nothing.
@@ -11,9 +12,10 @@ the host compile are the cheap combining steps.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from build_graph.model import TargetOutput, Tree
+from build_graph.model import Action, TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
 from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
 
@@ -34,18 +36,55 @@ class SourceView:
     memory_mb: int = 1024
 
 
-def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: str, view: SourceView,
-               toolchain: TargetOutput):
-    """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
-    `object_name` under /bgraph/out. Returns the object's FileEntry."""
-    [dry] = yield [ctx.exec_action(
+# A dryrun names the source and the object only to print them: run with these names in their
+# place, one serves every TU of one directory, extension and flag set (`shared_dryrun`).
+TU_STEM, OBJECT = "__bgraph_tu__", "__bgraph_obj__.o"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*")
+
+
+def dryrun_action(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: str,
+                  toolchain: TargetOutput) -> Action:
+    """`nvcc --dryrun` of one compile: it reads no file (the sandbox holds only the toolchain), so
+    its output is a function of the toolchain and the arguments alone."""
+    return ctx.exec_action(
         f"dryrun {name}", "CudaDryrun",
         ["/bin/sh", "-c", '"$@" 2> dryrun.txt || { cat dryrun.txt >&2; exit 1; }', "nvcc",
          f"{TOOLCHAIN}/bin/nvcc", "--dryrun", *nvcc_args, "-o", object_name],
-        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128)]
+        inputs={}, outputs=["dryrun.txt"], toolchain=toolchain, memory_mb=128)
+
+
+def shared_dryrun(nvcc_args: list[str], object_name: str) -> list[str] | None:
+    """`nvcc_args` with the source's stem replaced by TU_STEM (its directory and extension kept),
+    for a dryrun (object OBJECT) that `for_tu` turns into this TU's; None where a name is not
+    plain enough to substitute into nvcc's quoted command lines (that TU runs its own)."""
+    if nvcc_args.count("-c") != 1 or nvcc_args[-1] == "-c":
+        return None
+    i = nvcc_args.index("-c") + 1
+    directory, _, base = nvcc_args[i].rpartition("/")
+    stem, dot, ext = base.rpartition(".")
+    if not (dot and stem and _PLAIN_NAME.fullmatch(base) and _PLAIN_NAME.fullmatch(object_name)
+            and object_name.endswith(".o")) or any(TU_STEM in a or OBJECT in a for a in nvcc_args):
+        return None
+    return [*nvcc_args[:i], f"{directory}/{TU_STEM}.{ext}" if directory else f"{TU_STEM}.{ext}", *nvcc_args[i + 1:]]
+
+
+def for_tu(text: str, nvcc_args: list[str], object_name: str) -> str:
+    """A shared dryrun's output as the dryrun of this TU (see shared_dryrun)."""
+    base = nvcc_args[nvcc_args.index("-c") + 1].rpartition("/")[2]
+    return text.replace(OBJECT, object_name).replace(TU_STEM, base.rpartition(".")[0])
+
+
+def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: str, view: SourceView,
+               toolchain: TargetOutput, dryrun: str | None = None):
+    """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
+    `object_name` under /bgraph/out. Returns the object's FileEntry. `dryrun`: this TU's `nvcc
+    --dryrun` output, where the caller ran one for several TUs (for_tu); else it runs its own."""
+    if dryrun is None:
+        [dry] = yield [dryrun_action(ctx, name, nvcc_args, object_name, toolchain)]
+        dryrun = ctx.read(dry.tree.entries["dryrun.txt"]).decode()
     try:
         symbol = "__bgraph_fatbin_" + ctx.digester.of(f"{ctx.label}:{name}".encode())[:16]
-        env, steps = parse_dryrun(ctx.read(dry.tree.entries["dryrun.txt"]).decode(), object_name, symbol)
+        env, steps = parse_dryrun(dryrun, object_name, symbol)
     except DryrunError as e:
         raise ctx.fail(f"{name}: {e}") from None
     producer = {out: str(i) for i, s in enumerate(steps) for out in s.outputs}
