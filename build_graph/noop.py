@@ -74,11 +74,11 @@ class Previous:
         self.record = uptodate.load(asked.store, asked.digest)
         if self.record is None and asked.family:
             try:
-                self.digest = _family_path(asked.store, asked.family).read_text().strip()
-            except OSError:
-                pass
-            else:
-                self.record = uptodate.load(asked.store, self.digest)
+                last = _family_path(asked.store, asked.family).read_text().strip()
+            except (OSError, UnicodeDecodeError):
+                last = ""
+            if last.isalnum():  # a request digest (a damaged file names none)
+                self.digest, self.record = last, uptodate.load(asked.store, last)
         self.own = self.digest == asked.digest
         self.scanned: dict[str, Any] = {}  # the workspace as this check found it (if it got that far)
         # None: more than file contents changed (or no record); empty: nothing in the workspace did

@@ -37,5 +37,6 @@ def test_names_that_cannot_be_substituted_get_their_own_dryrun():
     assert shared_dryrun([*FLAGS, "-c", "/bgraph/src/noext"], "noext.o") is None
     assert shared_dryrun([*FLAGS, "-c", "/bgraph/src/k.cu"], "k.obj") is None
     assert shared_dryrun([*FLAGS, "-c", f"/bgraph/src/{TU_STEM}.cu"], "x.o") is None
+    assert shared_dryrun([*FLAGS, "-c", "/bgraph/src/k.cu"], f"{TU_STEM}.o") is None
     assert shared_dryrun([*FLAGS, "-c", "/bgraph/src/a.cu", "-c", "/bgraph/src/b.cu"], "a.o") is None
     assert shared_dryrun([*FLAGS, "-c", "k.cu"], "k.cu.o") == [*FLAGS, "-c", f"{TU_STEM}.cu"]

@@ -63,7 +63,7 @@ def shared_dryrun(nvcc_args: list[str], object_name: str) -> list[str] | None:
     directory, _, base = nvcc_args[i].rpartition("/")
     stem, dot, ext = base.rpartition(".")
     if not (dot and stem and _PLAIN_NAME.fullmatch(base) and _PLAIN_NAME.fullmatch(object_name)
-            and object_name.endswith(".o")) or any(TU_STEM in a or OBJECT in a for a in nvcc_args):
+            and object_name.endswith(".o")) or any(TU_STEM in a or OBJECT in a for a in (*nvcc_args, object_name)):
         return None
     return [*nvcc_args[:i], f"{directory}/{TU_STEM}.{ext}" if directory else f"{TU_STEM}.{ext}", *nvcc_args[i + 1:]]
 
