@@ -96,6 +96,11 @@ class BuildRun:
         self.targets: dict[Configured, _TargetState] = {}
         # future -> (label, plan slot, action, miss reason, cached tree under --check)
         self.inflight: dict[Future, tuple[Configured, Any, Action, str, Tree | None]] = {}
+        # An action that is already running for another slot (the same key: two targets fetching
+        # one pin, TUs sharing one dryrun) is not run twice: its slot waits on the running one.
+        self.running_keys: dict[str, Future] = {}
+        self.leader_key: dict[Future, str] = {}
+        self.followers: dict[Future, list[tuple[Configured, Any, Action]]] = {}
         self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
@@ -257,10 +262,17 @@ class BuildRun:
             if e.options.dry_run:  # this target (and what needs it) can plan no further
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "would-run", reason))
                 continue
+            same = action.key(e.digester) if cached is None and action.cacheable and not action.narrow else None
+            if same is not None and same in self.running_keys:
+                self.followers[self.running_keys[same]].append((label, slot, action))
+                state.running += 1
+                continue
             e.reporter.action_started(label, action)
             budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
             fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
             self.inflight[fut] = (label, slot, action, reason, cached)
+            if same is not None:
+                self.running_keys[same], self.leader_key[fut], self.followers[fut] = fut, same, []
             state.running += 1
         if e.options.dry_run and state.plan.output is None and not state.running:
             del self.targets[label]  # it waits on actions that will not run: its plan can go (100,000 of them)
@@ -294,6 +306,9 @@ class BuildRun:
     def _finished(self, fut: Future) -> None:
         """Take one finished (or failed, or cancelled) action back into its target's plan."""
         label, slot, action, reason, cached_tree = self.inflight.pop(fut)
+        if fut in self.leader_key:
+            del self.running_keys[self.leader_key.pop(fut)]
+            self._take_followers(fut, label, action)
         state = self.targets.get(label)
         if state is None or fut.cancelled():
             return
@@ -322,6 +337,31 @@ class BuildRun:
             self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "executed", reason)))
         except Exception as err:
             self._fail(label, self._as_error(label, err))
+
+    def _take_followers(self, fut: Future, leader: Configured, leader_action: Action) -> None:
+        """The slots that waited on `fut`'s action: each gets its outputs as a hit, or fails with it."""
+        for label, slot, action in self.followers.pop(fut, []):
+            state = self.targets.get(label)
+            if state is None:
+                continue
+            state.running -= 1
+            if fut.cancelled() or self.stopping:
+                continue
+            key = action.traced(self.e.digester)[0]
+            err = fut.exception()
+            if err is not None:
+                self._record(None, ActionRecord(str(label), action.name, action.mnemonic, key, "failed",
+                                                f"the same action failed for {leader}"))
+                self._fail(label, ActionFailed(f"the same action failed for {leader} {leader_action.name}",
+                                               where=f"{label} {action.name}"))
+                continue
+            tree = fut.result()[0]
+            self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "hit",
+                                             f"ran once in this build, for {leader} {leader_action.name}"))
+            try:
+                self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "hit")))
+            except Exception as err:
+                self._fail(label, self._as_error(label, err))
 
     def _as_error(self, label: Configured, err: Exception) -> BgraphError:
         """Any exception from planning as the one-line error the user sees: a full disk names

@@ -682,3 +682,33 @@ def test_explain_groups_a_big_targets_steps_by_translation_unit():
     assert f"because (hostpp, devpp 1210): {header}" in text
     assert "then: cicc 121a, hostcc (their inputs, made by the steps above, changed)" in text
     assert "30 cut off and 0 hits not listed" in text and "cicc obj/t3.cu.o" not in text
+
+
+TWINS = {
+    "targets/p.toml": "".join(
+        f'[{n}]\nkind = "genrule"\nouts = ["out.txt"]\nmemory_mb = 100\n'
+        f'cmd = "sleep 0.5; echo $$ > $OUT/out.txt"\n\n' for n in ("x", "y"))
+    + '[fails1]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 0.5; exit 3"\n\n'
+      '[fails2]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 0.5; exit 3"\n',
+}
+
+
+@requires_bwrap
+def test_one_action_planned_by_two_targets_at_once_runs_once(make_ws):
+    """Two targets whose actions have one key, ready together at -j2: the action runs once and
+    the second slot takes its outputs (Bazel's shared actions), so both outputs are one file."""
+    ws = make_ws(TWINS)
+    result = ws.engine_build("//p:x", "//p:y", jobs=2, max_mem_mb=400)
+    assert not result.failures and result.count("executed") == 1 and result.count("hit") >= 1, result.records
+    shared = [r for r in result.records if r.status == "hit" and r.reason.startswith("ran once in this build")]
+    assert len(shared) == 1
+    outputs = {str(label): out.tree for label, out in result.outputs.items() if str(label).startswith("//p:")}
+    assert len(outputs) == 2 and len(set(outputs.values())) == 1, outputs  # one run, one output
+
+
+@requires_bwrap
+def test_a_shared_action_that_fails_fails_both_targets(make_ws):
+    ws = make_ws(TWINS)
+    result = ws.engine_build("//p:fails1", "//p:fails2", jobs=2, max_mem_mb=400, keep_going=True)
+    assert result.count("executed") == 0 and result.count("failed") == 2, result.records
+    assert {e.where.split()[0].rstrip(":") for e in result.failures} == {"//p:fails1", "//p:fails2"}, result.failures
