@@ -99,8 +99,7 @@ class BuildRun:
         # An action that is already running for another slot (the same key: two targets fetching
         # one pin, TUs sharing one dryrun) is not run twice: its slot waits on the running one.
         self.running_keys: dict[str, Future] = {}
-        self.leader_key: dict[Future, str] = {}
-        self.followers: dict[Future, list[tuple[Configured, Any, Action]]] = {}
+        self.followers: dict[Future, tuple[str, list[tuple[Configured, Any, Action]]]] = {}  # its key, who waits
         self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
@@ -264,7 +263,7 @@ class BuildRun:
                 continue
             same = action.key(e.digester) if cached is None and action.cacheable and not action.narrow else None
             if same is not None and same in self.running_keys:
-                self.followers[self.running_keys[same]].append((label, slot, action))
+                self.followers[self.running_keys[same]][1].append((label, slot, action))
                 state.running += 1
                 continue
             e.reporter.action_started(label, action)
@@ -272,7 +271,7 @@ class BuildRun:
             fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
             self.inflight[fut] = (label, slot, action, reason, cached)
             if same is not None:
-                self.running_keys[same], self.leader_key[fut], self.followers[fut] = fut, same, []
+                self.running_keys[same], self.followers[fut] = fut, (same, [])
             state.running += 1
         if e.options.dry_run and state.plan.output is None and not state.running:
             del self.targets[label]  # it waits on actions that will not run: its plan can go (100,000 of them)
@@ -306,9 +305,10 @@ class BuildRun:
     def _finished(self, fut: Future) -> None:
         """Take one finished (or failed, or cancelled) action back into its target's plan."""
         label, slot, action, reason, cached_tree = self.inflight.pop(fut)
-        if fut in self.leader_key:
-            del self.running_keys[self.leader_key.pop(fut)]
-            self._take_followers(fut, label, action)
+        if fut in self.followers:
+            same, waiting = self.followers.pop(fut)
+            del self.running_keys[same]
+            self._take_followers(fut, waiting, label, action)
         state = self.targets.get(label)
         if state is None or fut.cancelled():
             return
@@ -338,9 +338,10 @@ class BuildRun:
         except Exception as err:
             self._fail(label, self._as_error(label, err))
 
-    def _take_followers(self, fut: Future, leader: Configured, leader_action: Action) -> None:
+    def _take_followers(self, fut: Future, waiting: list[tuple[Configured, Any, Action]], leader: Configured,
+                        leader_action: Action) -> None:
         """The slots that waited on `fut`'s action: each gets its outputs as a hit, or fails with it."""
-        for label, slot, action in self.followers.pop(fut, []):
+        for label, slot, action in waiting:
             state = self.targets.get(label)
             if state is None:
                 continue

@@ -147,11 +147,10 @@ class Engine:
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
         self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state)
-        # A cycle is an error before anything runs. A kept parse says whether it was checked; the
-        # memo of this request's last build, offered while no target file changed, comes from a
-        # build that checked.
+        # A cycle is an error before anything runs. A kept parse says whether it was checked, and
+        # so does a memo whose graph is this build's (Reuse.graph_current).
         reuse = self.options.reuse
-        if (reuse is None or reuse.definitions or reuse.other_request) and not ws.acyclic:
+        if (reuse is None or not reuse.graph_current) and not ws.acyclic:
             dependency_map(ws)
         self._sandbox = None
         self._fetcher = None

@@ -111,6 +111,12 @@ class Reuse:
     # configuration): its graph is not this request's either.
     other_request: bool = False
 
+    @property
+    def graph_current(self) -> bool:
+        """Whether the memo's configured graph is this build's: the request's own, no target file
+        changed (its build checked it for cycles, and subgraph() may stand in for configuring)."""
+        return not (self.definitions or self.other_request)
+
     def _touched(self, e: Entry) -> bool:
         """Whether a changed file (or one the stamps cannot see) is among the target's sources."""
         return e.volatile or not self.changed.isdisjoint(e.sources)
@@ -145,7 +151,7 @@ class Reuse:
         or a target file changed."""
         from build_graph.configs import ConfiguredGraph
 
-        if self.definitions or self.other_request or any(str(r) not in self.entries for r in requested):
+        if not self.graph_current or any(str(r) not in self.entries for r in requested):
             return None
         names = self.affected()
         entries = self.entries
