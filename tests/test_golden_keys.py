@@ -52,11 +52,11 @@ def planned_keys() -> dict[str, str]:
                                                             "archs": ["12.0a", "12.1a"], "copts": ["-O2"]},
                                            {"//toolchains:cuda-13.0": TOOLCHAIN},
                                            {"srcs": ["k/k.cu"], "hdrs": ["k/k.cuh"]}))
-    parallel = next(cuda)
-    tu = parallel.plans[0]
-    [dryrun] = next(tu)
+    [dryrun] = next(cuda)  # one dryrun for the directory's TUs (placeholder names)
     keys["cuda_library dryrun"] = dryrun.key(B3)
-    flow = tu.send([Outcome(dryrun, Tree({"dryrun.txt": FileEntry("5" * 64, 1)}), "executed")])
+    parallel = cuda.send([Outcome(dryrun, Tree({"dryrun.txt": FileEntry("5" * 64, 1)}), "executed")])
+    tu = parallel.plans[0]
+    flow = next(tu)
     # The steps that need no other step's output (the preprocessing ones): a Dataflow's first actions.
     steps = [make({}) for needs, make in flow.steps.values() if not needs]
     for action in steps:

@@ -13,7 +13,7 @@ from pydantic import Field
 from build_graph.model import TargetOutput, Tree
 from build_graph.rules.base import SRC, Attrs, Parallel, PlanGen, RuleContext, labels_in
 from build_graph.rules.cuda_toolchain import gencode_flags
-from build_graph.rules.nvcc_compile import SourceView, compile_tu
+from build_graph.rules.nvcc_compile import OBJECT, TU_STEM, SourceView, compile_tu, dryrun_action, for_tu, shared_dryrun
 
 
 class CudaLibraryAttrs(Attrs):
@@ -84,13 +84,20 @@ def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     flags = [*gencode_flags(archs), *(["-Xcompiler=-fPIC"] if a.pic else []), *a.copts, *(f"-D{d}" for d in a.defines),
              *(f"-I{SRC}/{i}" for i in includes), f"-I{SRC}"]
 
-    # Each TU is its own sub-plan (dryrun, then its steps), so TUs never wait at each other's barriers.
-    # Their dryruns, run with placeholder names, have one key per directory: one runs, the rest
-    # wait on it (build_run) or hit.
+    # One nvcc --dryrun per source directory and extension (the flags are the target's), then each
+    # TU is its own sub-plan, so TUs never wait at each other's barriers.
     view = SourceView({SRC: visible, **ext}, narrow=(SRC, *ext), memory_mb=a.memory_mb)
     names = object_names(ctx, srcs)
-    objects_list = yield Parallel(compile_tu(ctx, src, [*flags, "-c", f"{SRC}/{src}"], name, view, toolchain)
-                                  for src, name in zip(srcs, names, strict=True))
+    args = [[*flags, "-c", f"{SRC}/{src}"] for src in srcs]
+    shared = [shared_dryrun(tu_args, name) for tu_args, name in zip(args, names, strict=True)]
+    distinct = list(dict.fromkeys(tuple(s) for s in shared if s is not None))
+    ran = (yield [dryrun_action(ctx, d[-1].removeprefix(f"{SRC}/").replace(TU_STEM, "*"), list(d), OBJECT, toolchain)
+                  for d in distinct]) if distinct else []
+    texts = {d: ctx.read(o.tree.entries["dryrun.txt"]).decode() for d, o in zip(distinct, ran, strict=True)}
+    objects_list = yield Parallel(
+        compile_tu(ctx, src, tu_args, name, view, toolchain,
+                   for_tu(texts[tuple(sh)], tu_args, name) if sh is not None else None)
+        for src, name, tu_args, sh in zip(srcs, names, args, shared, strict=True))
     objects = dict(zip(names, objects_list, strict=True))
 
     # Archive the objects (deterministic: ar D).

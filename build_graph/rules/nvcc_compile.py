@@ -2,7 +2,7 @@
 `cuda_library` and the CMake import (`cmake_project`) use for every nvcc compile.
 
 `nvcc --dryrun` (keyed on the flags and the toolchain, not on the source: run with placeholder
-names, one run serves all the TUs of a directory with one flag set) lists the steps;
+names, one serves all the TUs of a directory with one flag set) lists the steps;
 each becomes a sandboxed action keyed on exactly what it reads. The preprocessing steps (host
 and per arch) read the source tree: each writes a depfile, and the rebuilder narrows their
 inputs to the files it names, so an edit to a file the TU does not include runs nothing.
@@ -75,15 +75,16 @@ def for_tu(text: str, nvcc_args: list[str], object_name: str) -> str:
 
 
 def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: str, view: SourceView,
-               toolchain: TargetOutput):
+               toolchain: TargetOutput, dryrun: str | None = None):
     """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
-    `object_name` under /bgraph/out. Returns the object's FileEntry."""
-    # With placeholder names where it can: the TUs of one directory and flag set share its key.
-    shared = shared_dryrun(nvcc_args, object_name)
-    [dry] = yield [dryrun_action(ctx, name, shared or nvcc_args, OBJECT if shared else object_name, toolchain)]
-    dryrun = ctx.read(dry.tree.entries["dryrun.txt"]).decode()
-    if shared:
-        dryrun = for_tu(dryrun, nvcc_args, object_name)
+    `object_name` under /bgraph/out. Returns the object's FileEntry. `dryrun`: this TU's `nvcc
+    --dryrun` output, where the caller ran one for several TUs (for_tu); else it runs its own."""
+    if dryrun is None:  # with placeholder names where it can: TUs of one flag set share its key
+        shared = shared_dryrun(nvcc_args, object_name)
+        [dry] = yield [dryrun_action(ctx, name, shared or nvcc_args, OBJECT if shared else object_name, toolchain)]
+        dryrun = ctx.read(dry.tree.entries["dryrun.txt"]).decode()
+        if shared:
+            dryrun = for_tu(dryrun, nvcc_args, object_name)
     try:
         symbol = "__bgraph_fatbin_" + ctx.digester.of(f"{ctx.label}:{name}".encode())[:16]
         env, steps = parse_dryrun(dryrun, object_name, symbol)
