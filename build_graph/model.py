@@ -16,6 +16,8 @@ from typing import Any, Iterable, Mapping, Protocol
 import blake3
 import orjson
 
+from build_graph import macro_use
+
 DIGEST_FUNCTIONS = ("blake3", "sha256")
 FETCH_KEY_FIELDS = ("sha256", "filename")
 
@@ -295,6 +297,28 @@ class Action:
     # argv's macros (rebuilder.py, cpp_view.py): an edit it provably skips is not a miss. Not
     # part of the key: it says how a recorded run may be matched, not what runs.
     cpp_input: bool = False
+    # A file under /bgraph/out where the gcc-macro-use plugin writes which -D/-U names the run
+    # used (macro_use.py): the prekey then leaves out the -D/-U arguments, and a recorded run
+    # fits a command line that differs only in macros it never consulted.
+    macro_record: str = ""
+
+    @property
+    def manifested(self) -> bool:
+        """Filed under a prekey's manifest (rebuilder.py): narrowed inputs, recorded macros, or both."""
+        return self.cacheable and bool(self.narrow or self.macro_record)
+
+    def _macro_split(self) -> tuple[list[str], dict[str, list[str]]] | None:
+        """macro_use.split(argv) where the macros are recorded (memoized: argv never changes)."""
+        memo = self.__dict__.get("_split")
+        if memo is None:
+            memo = (macro_use.split(self.argv) if self.macro_record else None,)
+            object.__setattr__(self, "_split", memo)
+        return memo[0]
+
+    def macro_ops(self) -> dict[str, list[str]] | None:
+        """The -D/-U arguments by name, where the prekey leaves them out; else None."""
+        split = self._macro_split()
+        return split[1] if split is not None else None
 
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out
@@ -307,10 +331,14 @@ class Action:
         return self._memo("_prekey_description", digester, lambda: self._describe(digester, narrowed=True))
 
     def _describe(self, digester: Digester, narrowed: bool) -> dict[str, Any]:
+        argv = list(self.argv)
+        split = self._macro_split() if narrowed else None
+        if split is not None:
+            argv = [*split[0], "(-D/-U left out: recorded per run)"]
         described = {
             "kind": self.kind,
             "mnemonic": self.mnemonic,
-            "argv": list(self.argv),
+            "argv": argv,
             "env": dict(self.env),
             "inputs": {mount: "narrowed" if narrowed and mount in self.narrow else tree.digest(digester)
                        for mount, tree in self.inputs},
@@ -326,7 +354,7 @@ class Action:
                      else dict(self.spec)),
         }
         # Only when set, so actions that use none of them keep their keys.
-        for name in ("exec_platform", "staged", "narrow", "depfiles"):
+        for name in ("exec_platform", "staged", "narrow", "depfiles", "macro_record"):
             value = getattr(self, name)
             if value:
                 described[name] = value if isinstance(value, str) else list(value)
@@ -340,13 +368,13 @@ class Action:
         return cache[1]
 
     def prekey(self, digester: Digester) -> str:
-        """The key with the narrowed mounts left out: what a depfile manifest is filed under."""
+        """The key with the narrowed mounts (and recorded -D/-U) left out: what a manifest is filed under."""
         return self._memo("_prekey", digester, lambda: digester.of_json(self.prekey_description(digester)))
 
     def traced(self, digester: Digester) -> tuple[str, dict[str, Any]]:
         """(key, description) as a build's trace records them: for an action with narrowed
         mounts, its prekey and the description without those mounts (what decides its manifest)."""
-        if self.narrow and self.cacheable:
+        if self.manifested:
             return self.prekey(digester), self.prekey_description(digester)
         return self.key(digester), self.description(digester)
 

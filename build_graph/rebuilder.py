@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from build_graph import macro_use
 from build_graph.cpp_view import Macros, command_macros, defined_names, view
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.model import Action, ActionCache, ActionResult, Digester, FileEntry, Tree
@@ -121,7 +122,7 @@ class Rebuilder:
     def check(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         """Hit or Miss(reason); `recorded()` gives what the last build recorded for this action
         (read only to explain a miss)."""
-        if action.narrow and action.cacheable:
+        if action.manifested:
             return self._check_narrowed(action, recorded)
         key = action.key(self.digester)
         description = action.description(self.digester)
@@ -152,10 +153,14 @@ class Rebuilder:
         the key the result is filed under."""
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
-        if action.cacheable and action.narrow:
+        if action.manifested:
             prekey = action.prekey(self.digester)
             reads, names = self._reads(action, tree)
-            entry = {"reads": reads, "names": self._names(action, names)}
+            entry: dict[str, Any] = {"reads": reads, "names": self._names(action, names)}
+            ops = action.macro_ops()
+            if ops is not None:
+                record = self._macro_record(action, tree)
+                entry.update(macros=ops, record=record.to_json() if record else None)
             key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
             self.ac.put(key, result)
             self.ac.add_manifest(prekey, entry)
@@ -209,6 +214,16 @@ class Rebuilder:
             reads[mount] = {"*": mounts[mount].digest(self.digester)}
         return reads, sorted(names)
 
+    def _macro_record(self, action: Action, tree: Tree) -> macro_use.Record | None:
+        """What the gcc-macro-use plugin wrote for this run (None: missing or incomplete)."""
+        entry = tree.entries.get(action.macro_record)
+        if not isinstance(entry, FileEntry):
+            return None
+        try:
+            return macro_use.parse_record(self.cas.read_bytes(entry).decode(errors="replace"))
+        except (CorruptBlob, StoreError, OSError):
+            return None
+
     @staticmethod
     def _names(action: Action, names: list[str]) -> dict[str, dict[str, list[str]]]:
         """For each narrowed mount: name -> every path with that name (the shadowing check)."""
@@ -247,6 +262,11 @@ class Rebuilder:
                     changed.append((mount, path, digest, now if isinstance(now, FileEntry) else None))
                     if limit and len(changed) >= limit:
                         return changed, other
+        ops = action.macro_ops()
+        if ops is not None or "macros" in entry:
+            _unused, blocking = macro_use.compare(entry.get("macros", {}), ops or {},
+                                                  macro_use.Record.from_json(entry.get("record")))
+            other.extend(blocking)
         for mount, recorded in entry.get("names", {}).items():
             index = action.input_tree(mount).by_name() if mount in action.narrow else {}
             for name, paths in recorded.items():
@@ -374,6 +394,19 @@ class Rebuilder:
             return names
         return None
 
+    @staticmethod
+    def _unused_macros(action: Action, entry: dict[str, Any], decision: Hit | Miss) -> Hit | Miss:
+        """A hit from a run with other -D/-U values says which ones it never used."""
+        ops = action.macro_ops()
+        if not isinstance(decision, Hit) or ops is None:
+            return decision
+        unused, _ = macro_use.compare(entry.get("macros", {}), ops, macro_use.Record.from_json(entry.get("record")))
+        if not unused:
+            return decision
+        names = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
+        return Hit(decision.result, decision.tree, decision.key,
+                   why=f"-D/-U of {names} changed; the recorded run never used {'it' if len(unused) == 1 else 'them'}")
+
     def _check_narrowed(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         entries = self.ac.get_manifest(action.prekey(self.digester))
         for entry in entries:
@@ -381,7 +414,7 @@ class Rebuilder:
                 continue
             found = self._lookup(entry["key"])
             if found is not None:
-                return self._verified(entry["key"], *found)
+                return self._unused_macros(action, entry, self._verified(entry["key"], *found))
         if action.cpp_input:
             for entry in entries:
                 unseen = self._unseen_edit(action, entry)

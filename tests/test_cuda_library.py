@@ -169,9 +169,45 @@ def test_adding_an_arch_compiles_only_the_new_arch(tmp_path):
     s = build(root, cache)
     assert ran(s, "cicc", "ptxas") == ["cicc k/a.cu 121a", "cicc k/b.cu 121a",
                                        "ptxas k/a.cu 121a", "ptxas k/b.cu 121a"]
-    # cudafe++ does not depend on the arch list; the host compile does (nvcc passes it the last
-    # arch's macros and __CUDA_ARCH_LIST__), but it is the cheap combining step.
+    # -D__CUDA_ARCH_LIST__ changed on every step, but GCC (its macro plugin) says the host and
+    # sm_120a preprocessing never read it: taken from the cache, not re-run.
+    assert ran(s, "hostpp", "devpp") == ["devpp k/a.cu 1210", "devpp k/b.cu 1210"]
+    why = {a["name"]: a["reason"] for a in s["actions"]}
+    assert why["devpp k/a.cu 1200"] == "-D/-U of __CUDA_ARCH_LIST__ changed; the recorded run never used it"
     assert ran(s, "cudafe") == []
+    # The host compile gets the highest arch's __CUDA_ARCH__, which it reads: 12.1a is new there.
+    assert ran(s, "hostcc") == ["hostcc k/a.cu", "hostcc k/b.cu"]
+    assert "that run used __CUDA_ARCH__" in why["hostcc k/a.cu"]
+
+
+def test_adding_a_lower_arch_reruns_no_step_of_the_others(tmp_path):
+    """10.0a below 12.0a and 12.1a: every existing step is a hit (only __CUDA_ARCH_LIST__
+    changes for it), the archive is a clean build's, and a TU that reads the list re-runs."""
+    cache = tmp_path / "cache"
+    root = write_workspace(tmp_path / "ws")
+    (root / "k" / "c.cu").write_text('#include "k/common.cuh"\n__global__ void c(int* y) {\n'
+                                     "#ifdef __CUDA_ARCH_LIST__\n  y[0] = 1;\n#endif\n}\n")
+    toml = root / "targets" / "k.toml"
+    toml.write_text(toml.read_text().replace('"k/b.cu"]', '"k/b.cu", "k/c.cu"]'))
+    assert build(root, cache)["ok"]
+    toml.write_text(toml.read_text().replace('archs = ["12.0a", "12.1a"]', 'archs = ["12.0a", "12.1a", "10.0a"]'))
+    s = build(root, cache)
+    assert s["ok"]
+    assert ran(s, "hostpp", "devpp") == ["devpp k/a.cu 1000", "devpp k/b.cu 1000", "devpp k/c.cu 1000",
+                                         "devpp k/c.cu 1200", "devpp k/c.cu 1210", "hostpp k/c.cu"]
+    # c.cu's host text comes out the same (the list is defined either way), and the host
+    # compile itself does not read the list: no host compile runs.
+    assert ran(s, "hostcc", "cudafe") == []
+    assert ran(s, "cicc") == ["cicc k/a.cu 100a", "cicc k/b.cu 100a", "cicc k/c.cu 100a"]
+    why = {a["name"]: a["reason"] for a in s["actions"]}
+    assert "that run used __CUDA_ARCH_LIST__" in why["devpp k/c.cu 1200"]
+    fresh = tmp_path / "fresh"
+    shutil.copytree(root, fresh, ignore=shutil.ignore_patterns("bgraph-out"))
+    assert build(fresh, tmp_path / "fresh-cache")["ok"]
+    assert archive_bytes(root) == archive_bytes(fresh)
+    # One arch set in another order is the same build.
+    toml.write_text(toml.read_text().replace('["12.0a", "12.1a", "10.0a"]', '["12.1a", "10.0a", "12.0a"]'))
+    assert build(root, cache)["executed"] == 0
 
 
 def test_reproducible_across_directories_and_caches_with_debug_info(tmp_path):

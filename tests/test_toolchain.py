@@ -39,14 +39,23 @@ def test_toolchain_builds_once_and_nvcc_runs_in_the_sandbox(cache):
     # nvcc --version ran on the pinned GCC 12 system: one fetch and one unpack per locked package.
     system = [a for a in first["actions"] if a["label"] == "//toolchains:host-cc"]
     assert system and {a["mnemonic"] for a in system} == {"Fetch", "Extract"}
-    assert first["executed"] == len(own) + len(system)
+    # The macro plugin, compiled on that system plus GCC's plugin headers: only the packages
+    # host-cc lacks are fetched again; the others ran once for both.
+    plugin = [a for a in first["actions"] if a["label"] in ("//toolchains:host-cc-plugin", "//toolchains:gcc-macro-use")
+              and a["status"] == "executed"]
+    assert [a["name"] for a in plugin if a["mnemonic"] == "Genrule"] == ["genrule"]
+    assert {a["name"] for a in plugin if a["mnemonic"] == "Fetch"} >= {"fetch gcc-12-plugin-dev_12.2.0-14+deb12u1_amd64.deb"}
+    ran = [a["name"] for a in system + plugin if a["status"] == "executed"]
+    assert len(ran) == len(set(ran))  # a package both systems lock is fetched and unpacked once
+    assert first["executed"] == len(own) + len(ran)
     second = json.loads(bgraph(cache, "build", "--json", "//toolchains:cuda-13.0").stdout)
-    assert second["executed"] == 0 and second["hits"] == first["executed"]
+    assert second["executed"] == 0 and second["hits"] == len(first["actions"])
     version = bgraph(cache, "exec", "//toolchains:cuda-13.0", "--", "bin/nvcc", "--version")
     assert version.returncode == 0, version.stderr
     assert "release 13.0, V13.0.88" in version.stdout
     out = Path(second["outputs"]["//toolchains:cuda-13.0"])
     assert "V13.0.88" in (out / "bgraph" / "version.txt").read_text()
+    assert (out / "bgraph" / "gcc_macro_use.so").is_file()
 
 
 def test_patched_vllm_supports_sm121_with_cuda13(cache):

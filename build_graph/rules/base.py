@@ -118,6 +118,7 @@ class RuleContext:
         narrow: tuple[str, ...] = (),
         depfiles: tuple[str, ...] = (),
         cpp_input: bool = False,
+        macro_record: str = "",
     ) -> Action:
         """A sandboxed action with the base environment, this platform and rule version."""
         full_env = dict(BASE_ENV)
@@ -169,6 +170,7 @@ class RuleContext:
             narrow=tuple(sorted(narrow)),
             depfiles=tuple(depfiles),
             cpp_input=cpp_input,
+            macro_record=macro_record,
         )
 
     def fetch_action(self, pin_name: str, key: str, platform: str | None = None) -> Action:

@@ -39,6 +39,12 @@ def cuda_library_sources(attrs: CudaLibraryAttrs):
     return [("srcs", p) for p in attrs.srcs] + [("hdrs", p) for p in attrs.hdrs]
 
 
+def _arch_order(arch: str) -> tuple[int, int, str]:
+    """'12.1a' -> (12, 1, 'a'); an arch gencode_flags would refuse sorts last, for it to name."""
+    m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+    return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else (1 << 30, 0, arch)
+
+
 def object_name(src: str) -> str:
     """The object file of a source: its workspace path flattened to one name (k/a.cu -> k_a.cu.o)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", src) + ".o"
@@ -72,7 +78,10 @@ def _include_dir(ctx: RuleContext, path: str, visible: Tree) -> str:
 
 def plan_cuda_library(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
-    archs = ctx.arch_sets(a.archs, ctx.where("archs"))
+    # In ascending order, whatever the list's: nvcc gives the host compile the last -gencode's
+    # __CUDA_ARCH__ macros (which it reads), so an arch added below the highest re-runs no host
+    # compile, and one arch set written in two orders is one build.
+    archs = sorted(dict.fromkeys(ctx.arch_sets(a.archs, ctx.where("archs"))), key=_arch_order)
     toolchain = ctx.dep(a.toolchain, "toolchain")
     srcs = ctx.extra["expanded"].get("srcs", [])
     hdrs = ctx.extra["expanded"].get("hdrs", [])

@@ -6,8 +6,9 @@ import re
 
 from pydantic import Field
 
+from build_graph import macro_use
 from build_graph.rules.base import TOOLCHAIN, Attrs, PlanGen, RuleContext, labels_in
-from build_graph.model import SymlinkEntry, TargetOutput, Tree
+from build_graph.model import FileEntry, SymlinkEntry, TargetOutput, Tree
 
 
 
@@ -32,10 +33,19 @@ class CudaToolchainAttrs(Attrs):
                                                  "(no PyPI wheel ships it; the real driver is loaded at run time)")
     overlay: str | None = Field(None, description="label of a tree laid over the assembled toolkit, its files "
                                                   "replacing the wheels' (e.g. a patched CCCL: //toolchains:cccl-patched)")
+    macro_use: str | None = Field(None, description="label of a tree holding gcc_macro_use.so, the GCC plugin "
+                                                    "built for `host`'s compiler (//toolchains:gcc-macro-use): "
+                                                    "steps then record the -D/-U they used (not in a cross build)")
 
 
 def cuda_toolchain_deps(attrs: CudaToolchainAttrs):
-    return labels_in(attrs, "host", "libraries", "overlay")
+    return labels_in(attrs, "host", "libraries", "overlay", "macro_use")
+
+
+def cuda_toolchain_transition(attrs: CudaToolchainAttrs, key: str, label: str, config):
+    """The macro plugin is loaded by `host`'s GCC; a cross build's host compiler is another one
+    (the cross stand-in), for which no plugin is built: that edge is not followed there."""
+    return None if key == "macro_use" and config.cross else config
 
 
 def _wheel_trees(ctx: RuleContext, pins: list[str], platform: str) -> PlanGen:
@@ -79,10 +89,20 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
         tree = tree.overlaid(ctx.dep(ctx.attrs.overlay, "overlay").tree)
     tree = tree.merged(toolkit_links(tree))
     host = ctx.dep(ctx.attrs.host, "host")
+    probe_cmd = f"{TOOLCHAIN}/bin/nvcc --version > version.txt"
+    macro_info = {}
+    if ctx.attrs.macro_use and ctx.platform == ctx.exec_platform:
+        plugin = ctx.dep(ctx.attrs.macro_use, "macro_use").tree.entries.get("gcc_macro_use.so")
+        if not isinstance(plugin, FileEntry):
+            raise ctx.fail(f"{ctx.attrs.macro_use} has no gcc_macro_use.so", "macro_use")
+        tree = tree.merged(Tree({macro_use.PLUGIN: plugin}))
+        macro_info = {"macro_use": macro_use.PLUGIN}
+        # Loaded once here, so a plugin built for another GCC fails the toolchain, not each compile.
+        probe_cmd += (" && gcc -E -x c /dev/null -o /dev/null " +
+                      " ".join(macro_use.plugin_args(f"{TOOLCHAIN}/{macro_use.PLUGIN}", "/dev/null")))
     toolchain = TargetOutput(tree, {"host": host.info})
     [probe] = yield [ctx.exec_action(
-        "nvcc --version", "ToolchainVersion",
-        ["/bin/sh", "-c", f"{TOOLCHAIN}/bin/nvcc --version > version.txt"],
+        "nvcc --version", "ToolchainVersion", ["/bin/sh", "-c", probe_cmd],
         inputs={}, outputs=["version.txt"], toolchain=toolchain, host=host)]
     text = ctx.read(probe.tree.entries["version.txt"]).decode(errors="replace")
     m = re.search(r"release [\d.]+, V([\d.]+)", text)
@@ -97,7 +117,7 @@ def plan_cuda_toolchain(ctx: RuleContext) -> PlanGen:
             inputs={}, outputs=["lib/stubs/libcuda.so"], host=host)]
         tree = tree.overlaid(stub.tree)
     return TargetOutput(tree.merged(probe.tree.prefixed("bgraph")),
-                        {"version": found, "host": host.info, "nvcc": "bin/nvcc"})
+                        {"version": found, "host": host.info, "nvcc": "bin/nvcc", **macro_info})
 
 
 def cross_prefix(tools: Tree, target_libs: Tree, platform: str) -> Tree:

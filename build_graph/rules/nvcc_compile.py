@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from build_graph import macro_use
 from build_graph.model import Action, TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
 from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
@@ -91,6 +92,7 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
     except DryrunError as e:
         raise ctx.fail(f"{name}: {e}") from None
     producer = {out: str(i) for i, s in enumerate(steps) for out in s.outputs}
+    plugin = toolchain.info.get("macro_use")  # the gcc-macro-use plugin in the toolchain's tree, if it has one
     missing = sorted({n for s in steps for n in s.needs() if n not in producer})
     if missing:
         raise ctx.fail(f"{name}: nvcc steps read {missing[0]}, which no step writes; cannot schedule")
@@ -104,6 +106,7 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             inputs = {"/bgraph/in": Tree(files)}
             argv, outputs = list(s.argv), [s.output_path(n) for n in s.outputs]
             narrow: dict = {}
+            stem = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}"
             if s.kind == "cudafe":
                 # cudafe++ derives the module id from the source file it names (stat of
                 # --orig_src_path_name); when it cannot see the file it uses the clock, and the
@@ -111,11 +114,16 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 inputs.update(_source_file(nvcc_args, view))
             if s.reads_source:
                 inputs.update(view.mounts)
-                depfile = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}.d"
+                depfile = f"{stem}.d"
                 argv += ["-MD", "-MF", f"{OUT}/{depfile}"]
                 outputs.append(depfile)
                 # gcc -E with its full -MD depfile: an edit it skips (another arch's #if group) is a hit.
                 narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged, "cpp_input": True}
+            if plugin and s.kind in ("hostpp", "devpp", "hostcc"):
+                # GCC writes down the -D/-U it used: an added arch re-runs no step that never read the list.
+                argv += macro_use.plugin_args(f"{TOOLCHAIN}/{plugin}", f"{OUT}/{stem}.macros")
+                outputs.append(f"{stem}.macros")
+                narrow["macro_record"] = f"{stem}.macros"
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
             return ctx.exec_action(
                 f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
