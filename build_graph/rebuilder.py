@@ -183,6 +183,10 @@ class Rebuilder:
     # read anywhere, every path with that name in each narrowed mount; a file added or removed
     # under such a name makes the entry stale. (`__has_include` of a file that did not exist
     # leaves no trace in a depfile; such a header appearing later is not noticed.)
+    # An action with a `macro_record` (nvcc's gcc steps, with the gcc_macro_use plugin) also
+    # leaves its -D/-U out of the prekey: each entry keeps them and the plugin's record of which
+    # it used, and fits a command line differing only in macros that run never consulted
+    # (macro_use.compare). Such an action may have no narrowed mount at all (the host compile).
 
     def _reads(self, action: Action, tree: Tree) -> tuple[dict[str, dict[str, str]], list[str]]:
         """What a finished action read in each narrowed mount (path -> digest), from its

@@ -196,6 +196,10 @@ def workspace(root: Path) -> Path:
     ws = root / "ws"
     if not (ws / "WORKSPACE.toml").exists():
         workspace_copy(ws, REPO)
+        # Without the macro plugin (rules/cuda_toolchain.py `macro_use`): compiling it is a genrule
+        # this helper cannot emulate, and loading it changes no output. A Spark builds and loads it.
+        toolchains = ws / "targets" / "toolchains.toml"
+        toolchains.write_text(toolchains.read_text().replace('macro_use = ":gcc-macro-use"\n', ""))
     (ws / "targets" / "native.toml").write_text(TARGETS_TOML)
     (ws / "native").mkdir(exist_ok=True)
     (ws / "native" / "qemu_shim.c").write_text(SHIM_C)
