@@ -48,6 +48,7 @@ def shape(action: Action, digester) -> str:
     """What must match for two actions to be counterparts: the description without the
     content of the inputs and the toolkit (the mount names stay)."""
     described = dict(action.traced(digester)[1])  # a narrowed action's prekey description
+    described["argv"] = list(action.argv)  # with its -D/-U, which a prekey may leave out (macro_use.py)
     described["inputs"] = sorted(described["inputs"])
     described.pop("toolchain", None)
     return digester.of_json(described)

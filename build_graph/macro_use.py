@@ -1,10 +1,11 @@
 """Command-line macros a GCC run did not depend on (pure: argv and text in, answers out).
 
 Adding an arch changes `-D__CUDA_ARCH_LIST__` on every nvcc preprocessing step and host compile,
-though most never read it. Those steps load the `gcc-macro-use` plugin
+though most never read it. Those steps load the `gcc_macro_use` plugin
 (toolchains/gcc_macro_use.cc), which writes down which -D/-U names the run used (expanded,
 tested, or changed again) and which identifiers starting with WATCH it met at all. Their
-manifests (rebuilder.py) are filed under a prekey whose argv leaves out every -D/-U argument;
+manifests (rebuilder.py) are filed under a prekey whose argv leaves out the -D/-U of WATCH names
+(the arch macros nvcc writes, with plain values; every other -D stays in the prekey);
 each entry keeps the run's -D/-U arguments and that record, and fits a command line that differs
 only in macros the run provably never consulted:
 - a name the run had defined (-DN or -DN=V) and never used may take any value, or go: no step
@@ -25,12 +26,17 @@ PLUGIN = "bgraph/gcc_macro_use.so"  # where a cuda_toolchain's tree holds the pl
 WATCH = "__CUDA_ARCH"  # the per-arch macros nvcc gives: __CUDA_ARCH__, _LIST__, _FEAT_SM<N>_ALL, ...
 _NAME = "gcc_macro_use"  # the plugin file's base name: its -fplugin-arg- prefix (no dashes: GCC splits there)
 
-_OP = re.compile(r"-[DU]([A-Za-z_][A-Za-z0-9_]*)(?:=.*)?\Z", re.S)
-# Options that take macros from elsewhere or write their values out: the command line is then
+_OP = re.compile(r"-[DU]([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?\Z", re.S)
+# What nvcc writes as an arch macro's value: digits and commas. Another value (`/*`, `##x`) could
+# make GCC fail as it defines the macro, used or not: that command line is matched exactly.
+_PLAIN_VALUE = re.compile(r"[0-9A-Za-z_,.]*\Z")
+# Options that take macros from elsewhere, write their values out, or run the preprocessor apart
+# from the compile (a second cc1 run would overwrite the record): the command line is then
 # matched exactly.
-_REFUSE_EXACT = frozenset({"-D", "-U", "-dD", "-dM", "-dN", "-dI", "-dU", "-Xpreprocessor", "-fdirectives-only",
-                           "-traditional", "-traditional-cpp", "-fpch-preprocess"})
-_REFUSE_PREFIX = ("@", "-Wp,", "--define-macro", "--undefine-macro")
+_REFUSE_EXACT = frozenset({"-D", "-U", "-Xpreprocessor", "-fdirectives-only", "-traditional", "-traditional-cpp",
+                           "-fpch-preprocess", "-no-integrated-cpp", "-fpreprocessed"})
+_REFUSE_PREFIX = ("@", "-Wp,", "--define-macro", "--undefine-macro", "-save-temps", "--save-temps")
+_DUMP = re.compile(r"-d(?!ump)[A-Za-z]+\Z")  # -dM, -dD, -dN, -dU, -dI and letter runs like -dMI
 
 
 def plugin_args(plugin: str, record: str) -> list[str]:
@@ -39,17 +45,21 @@ def plugin_args(plugin: str, record: str) -> list[str]:
 
 
 def split(argv: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, list[str]]] | None:
-    """(argv without its -D/-U arguments, name -> those arguments in order), or None where the
-    command line may define macros another way or write their values out (matched exactly)."""
+    """(argv without its -D/-U of WATCH names, name -> those arguments in order), or None where
+    the command line may define macros another way or write their values out (matched exactly).
+    Other -D/-U stay in argv: their values may be anything, and a user's define is usually read."""
     rest: list[str] = []
     ops: dict[str, list[str]] = {}
     for arg in argv:
-        if arg in _REFUSE_EXACT or arg.startswith(_REFUSE_PREFIX) or (arg.startswith("-g") and arg.endswith("3")):
+        if (arg in _REFUSE_EXACT or arg.startswith(_REFUSE_PREFIX) or _DUMP.match(arg)
+                or (arg.startswith("-g") and arg.endswith("3"))):
             return None
         m = _OP.match(arg)
-        if m:
+        if m and m.group(1).startswith(WATCH):
+            if not _PLAIN_VALUE.match(m.group(2) or ""):
+                return None
             ops.setdefault(m.group(1), []).append(arg)
-        elif arg.startswith(("-D", "-U")):
+        elif arg.startswith(("-D", "-U")) and not m:
             return None  # a function-like -DF(x)=..., or a name GCC would reject
         else:
             rest.append(arg)

@@ -13,9 +13,9 @@
 // A run that did not use NAME would have run the same with another value of it, or without
 // it: every consultation of a macro's definition goes through these callbacks (they are what
 // -dU prints). An identifier never seen could not have been consulted had it been defined.
-// If another part of GCC took over a callback (-dD, -dU, -g3), or a definition came from an
-// origin it does not know, the record says `incomplete` and the rebuilder relies on the exact
-// command line only.
+// If another part of GCC took over a callback (-dD, -dU, -g3), macros are dumped (-dM), the input
+// was already preprocessed, or a definition came from an origin it does not know, the record says
+// `incomplete` and the rebuilder relies on the exact command line only.
 //
 // Arguments: -fplugin-arg-gcc_macro_use-out=FILE (required), -fplugin-arg-gcc_macro_use-watch=PREFIX.
 
@@ -23,6 +23,8 @@
 #include "plugin-version.h"
 #include "cpplib.h"
 #include "input.h"
+#include "tree.h"
+#include "c-family/c-common.h"  // flag_dump_macros
 #include "c-family/c-pragma.h"  // parse_in, the C family front ends' preprocessor
 
 #include <cstdio>
@@ -89,12 +91,16 @@ void scan(void *, void *) {
 
 void finish(void *, void *) {
   scan(nullptr, nullptr);
-  FILE *f = fopen(out_path, "w");
+  // Appended: if two runs of cc1 share the file (the driver's -save-temps runs the preprocessor
+  // and the compiler apart), two records in one file are no record.
+  FILE *f = fopen(out_path, "a");
   if (!f)
     return;  // no record: the rebuilder then matches the exact command line only
   cpp_callbacks *cb = cpp_get_callbacks(parse_in);
   bool complete = cb->define == on_define && cb->undef == on_undef && cb->used_define == on_use &&
-                  cb->used_undef == on_use && !unknown_origin;
+                  cb->used_undef == on_use && !unknown_origin &&
+                  !flag_dump_macros &&                        // -dM/-dD/-dN/-dU write macros out
+                  !cpp_get_options(parse_in)->preprocessed;  // input already preprocessed: no -D seen
   fprintf(f, "bgraph-macro-use 1\n");
   if (!complete) {
     fprintf(f, "incomplete\n");
