@@ -297,9 +297,9 @@ class Action:
     # argv's macros (rebuilder.py, cpp_view.py): an edit it provably skips is not a miss. Not
     # part of the key: it says how a recorded run may be matched, not what runs.
     cpp_input: bool = False
-    # A file under /bgraph/out where the gcc-macro-use plugin writes which -D/-U names the run
-    # used (macro_use.py): the prekey then leaves out the -D/-U arguments, and a recorded run
-    # fits a command line that differs only in macros it never consulted.
+    # A file under /bgraph/out where the gcc_macro_use plugin writes which -D/-U names the run
+    # used (macro_use.py): the prekey then leaves out the arch macros' -D/-U, and a recorded run
+    # fits a command line that differs only in arch macros it never consulted.
     macro_record: str = ""
 
     @property

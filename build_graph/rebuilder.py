@@ -266,11 +266,7 @@ class Rebuilder:
                     changed.append((mount, path, digest, now if isinstance(now, FileEntry) else None))
                     if limit and len(changed) >= limit:
                         return changed, other
-        ops = action.macro_ops()
-        if ops is not None or "macros" in entry:
-            _unused, blocking = macro_use.compare(entry.get("macros", {}), ops or {},
-                                                  macro_use.Record.from_json(entry.get("record")))
-            other.extend(blocking)
+        other.extend(self._macro_fit(action, entry)[1])
         for mount, recorded in entry.get("names", {}).items():
             index = action.input_tree(mount).by_name() if mount in action.narrow else {}
             for name, paths in recorded.items():
@@ -399,12 +395,20 @@ class Rebuilder:
         return None
 
     @staticmethod
-    def _unused_macros(action: Action, entry: dict[str, Any], decision: Hit | Miss) -> Hit | Miss:
-        """A hit from a run with other -D/-U values says which ones it never used."""
+    def _macro_fit(action: Action, entry: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """macro_use.compare of the entry's run and this action: (differing names it never used,
+        why it cannot stand for this action); both empty where neither records macros."""
         ops = action.macro_ops()
-        if not isinstance(decision, Hit) or ops is None:
+        if ops is None and "macros" not in entry:
+            return [], []
+        return macro_use.compare(entry.get("macros", {}), ops or {}, macro_use.Record.from_json(entry.get("record")))
+
+    @classmethod
+    def _unused_macros(cls, action: Action, entry: dict[str, Any], decision: Hit | Miss) -> Hit | Miss:
+        """A hit from a run with other -D/-U values says which ones it never used."""
+        if not isinstance(decision, Hit):
             return decision
-        unused, _ = macro_use.compare(entry.get("macros", {}), ops, macro_use.Record.from_json(entry.get("record")))
+        unused = cls._macro_fit(action, entry)[0]
         if not unused:
             return decision
         names = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.rules.base import SRC, Attrs, Parallel, PlanGen, RuleContext, labels_in
-from build_graph.rules.cuda_toolchain import gencode_flags
+from build_graph.rules.cuda_toolchain import ARCH, gencode_flags
 from build_graph.rules.nvcc_compile import OBJECT, TU_STEM, SourceView, compile_tu, dryrun_action, for_tu, shared_dryrun
 
 
@@ -41,7 +41,7 @@ def cuda_library_sources(attrs: CudaLibraryAttrs):
 
 def _arch_order(arch: str) -> tuple[int, int, str]:
     """'12.1a' -> (12, 1, 'a'); an arch gencode_flags would refuse sorts last, for it to name."""
-    m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+    m = ARCH.fullmatch(arch)
     return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else (1 << 30, 0, arch)
 
 

@@ -143,11 +143,14 @@ def toolkit_links(tree: Tree) -> Tree:
     return Tree(links)
 
 
+ARCH = re.compile(r"(\d+)\.(\d+)([af]?)")  # how an arch is written: major.minor, then a (specific) or f (family)
+
+
 def gencode_flags(archs: list[str]) -> list[str]:
     """The toolchain spells archs as nvcc flags: '12.1a' -> -gencode arch=compute_121a,code=sm_121a."""
     flags = []
     for arch in archs:
-        m = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+        m = ARCH.fullmatch(arch)
         if not m:
             raise ValueError(f"bad arch {arch!r}")
         cc = f"{m.group(1)}{m.group(2)}{m.group(3)}"
