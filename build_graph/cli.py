@@ -55,6 +55,9 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.workspace import host_platform, remote_settings
 
     recording = noop.Recording(asked, _flag_cache(args, asked.root), previous) if asked is not None else None
+    overridden = noop.overridden(args)
+    if overridden is not None:  # this build relinks bgraph-out/ and records nothing: the old record goes
+        noop.drop(overridden)
     ws = _workspace(args)
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()

@@ -47,6 +47,31 @@ def request(args) -> Request | None:
     changed (a dry run, --check, --profile, uploads, an unreadable WORKSPACE.toml)."""
     if any(getattr(args, flag, None) for flag in _FULL_PATH_FLAGS):
         return None
+    return _request(args)
+
+
+def overridden(args) -> Request | None:
+    """The record a build with a full-path flag (--check, --profile, --check-against, uploads)
+    overrides: the same request without the flag. Such a build relinks bgraph-out/ but records
+    nothing, so it must drop that record and its family's pointer (`drop`)."""
+    if getattr(args, "dry_run", None) or not any(getattr(args, f, None) for f in _FULL_PATH_FLAGS):
+        return None
+    return _request(args)
+
+
+def drop(asked: Request) -> None:
+    """Forget the request's record, its memo and its family's pointer to it."""
+    uptodate.forget(asked.store, asked.digest)
+    memo.forget(asked.store, asked.digest)
+    try:
+        family = _family_path(asked.store, asked.family)
+        if family.read_text().strip() == asked.digest:
+            family.unlink()
+    except (OSError, UnicodeDecodeError):
+        pass
+
+
+def _request(args) -> Request | None:
     root = workspace_root(args.workspace)
     store = records_dir(args.cache_dir, root)
     if store is None:

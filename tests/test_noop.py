@@ -221,3 +221,35 @@ def test_a_json_no_op_lists_every_action_as_a_hit(make_ws):
     age(ws.root, 20)
     edited = json.loads(ws.cli("build", "--json", "//p:b").stdout)
     assert edited["executed"] == 2 and "targets_reused" not in edited and len(edited["actions"]) == len(built["actions"])
+
+
+def test_a_check_build_drops_the_record_it_relinks_over(make_ws):
+    """Issue 33 item 4: --check (like --profile, --check-against, uploads) relinks bgraph-out/ and
+    records nothing, so the plain request's record is dropped: the next plain build takes the
+    full path instead of putting an old link back."""
+    ws = ready(make_ws, "//p:b")
+    ws.write({"in.txt": "one\n"})
+    age(ws.root, 20)
+    checked = ws.cli("build", "--check", "//p:b")
+    assert checked.rc == 0, checked.output
+    assert ws.read_output("//p:b", "b.txt").strip() == "2"
+    assert not list(records(ws))  # the plain request's record (and its memo) went with the relink
+    again = build(ws, "//p:b")
+    assert UP_TO_DATE not in again.stderr
+    assert ws.read_output("//p:b", "b.txt").strip() == "2"
+
+
+def test_a_link_another_build_repointed_is_not_put_back(make_ws):
+    """A record whose bgraph-out link another request re-pointed does not hold: the link is that
+    build's, and only a full path may decide what it should lead to."""
+    ws = ready(make_ws, "//p:a")
+    link = ws.root / "bgraph-out" / "p" / "a"
+    before = os.readlink(link)
+    ws.write({"in.txt": "one\n"})
+    age(ws.root, 20)
+    build(ws, "//p:a", "//p:b")  # another request relinks p/a to the new output
+    assert os.readlink(link) != before
+    ws.write({"in.txt": "alpha\nbeta\n"})
+    age(ws.root, 30)
+    run = build(ws, "//p:a")
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n" * 2

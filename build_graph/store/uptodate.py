@@ -183,7 +183,7 @@ def outputs_hold(record: Record) -> bool:
 
 
 def restore_links(record: Record, layout_root: Path) -> int | None:
-    """Put back the recorded bgraph-out links that were removed or re-pointed, where the trees
+    """Put back the recorded bgraph-out links that were removed, where the trees
     they led to are still whole in the cache at `layout_root` (their files' stamps as recorded);
     returns how many, or None where one cannot be restored (the build relinks it). Checked again
     after relinking, under the cache's gc lock, against the generation: a collection that ran
@@ -193,9 +193,11 @@ def restore_links(record: Record, layout_root: Path) -> int | None:
         try:
             if os.readlink(link) == target:
                 continue
+            return None  # re-pointed by another build since: what it links is that build's word
+        except FileNotFoundError:
+            missing.append((link, target))
         except OSError:
-            pass
-        missing.append((link, target))
+            return None
     if not all(stamp_of(p) == s for p, s in record.outputs.items()):
         return None
     for link, target in missing:
