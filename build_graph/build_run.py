@@ -5,7 +5,6 @@ the state of one build (engine.Engine keeps none between builds)."""
 from __future__ import annotations
 
 import errno
-import pickle
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -22,7 +21,7 @@ from build_graph.planner import SourceFiles, TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss
 from build_graph.scheduler import Scheduler
-from build_graph.store.memo import Entry, definition_of
+from build_graph.store.memo import Entry, definition_of, encode_node
 from build_graph.store.trace import trace_bytes
 
 
@@ -281,10 +280,11 @@ class BuildRun:
             self.memo[str(label)] = Entry(state.sources, state.plan.output,
                                           tuple((r["name"], r["mnemonic"], r["key"]) for r in state.records),
                                           tuple(map(str, self.deps[label])),
-                                          pickle.dumps((label, self.graph.dep_labels[label]), pickle.HIGHEST_PROTOCOL),
+                                          encode_node(label, self.graph.dep_labels[label]),
                                           definition=definition_of(e.ws.targets[label.label]))
             self._built(label)
-            trace = {"actions": state.trace_actions, "last_build": state.records}
+            # Which workspace's build this is: the cache (and its traces) may be shared (provenance.py).
+            trace = {"actions": state.trace_actions, "last_build": state.records, "workspace": str(e.ws.root)}
             encoded = trace_bytes(trace)
             if encoded[0] != state.recorded_digest():  # a no-op build rewrites no trace
                 e.trace.save(str(label), trace, encoded)

@@ -34,11 +34,12 @@ def default_max_mem_mb() -> int:
 
 def _workspace(args) -> Workspace:
     from build_graph.graph import checked
-    from build_graph.roots import workspace_root
+    from build_graph.roots import records_dir, workspace_root
     from build_graph.store import parsed
     from build_graph.workspace import load
 
-    return parsed.load(workspace_root(args.workspace), lambda root: checked(load(root)))
+    root = workspace_root(args.workspace)
+    return parsed.load(root, lambda root: checked(load(root)), records_dir(args.cache_dir, root))
 
 
 def cmd_build(args, console: Console) -> int:

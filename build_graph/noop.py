@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import platform
 import time
 from pathlib import Path
@@ -212,7 +211,7 @@ class Recording:
             if entries:  # the memo first, named by its record: a record never names a memo it did not write
                 name = f"{time.time_ns()}-{os.getpid()}"
                 memo.save(self.asked.store, self.asked.digest, name, _volatile_marked(entries, after))
-        except (OSError, TypeError, AttributeError, pickle.PicklingError):
+        except (OSError, TypeError, ValueError, AttributeError):
             name = ""
         record = uptodate.Record(
             root=str(self.root), skip=skip, files=after, racy=uptodate.racy(after, self.started_ns),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
+from build_graph.incremental import filestate
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.spares import Spares, environment_options, launch_script
 from build_graph.store.cas import LocalCas, hash_file, rmtree
@@ -53,13 +54,13 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
             st = None
         if st is None or not stat.S_ISREG(st.st_mode):
             raise SandboxError(f"host tool {p} does not exist", hint="install it or fix host_tools.tools")
-        stamp = [real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        stamp = [real, *filestate.of(st)]
         seen = known.table.get(f"{digester.name}:{p}") if known is not None else None
-        if seen and seen[:5] == stamp:
-            version, digest = seen[5], seen[6]
+        if seen and seen[:7] == stamp:
+            version, digest = seen[7], seen[8]
         else:
             version, digest = _probe_host_tool(p, real, digester)
-            if known is not None:
+            if known is not None and not filestate.racy(stamp[1:], time.time_ns()):
                 known.set(f"{digester.name}:{p}", [*stamp, version, digest])
         tools.append(HostTool(p if real == p else f"{p}={real}", version, digest))
     return tuple(tools)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from bgraph_testlib import requires_bwrap
 from test_noop import age, build
 
 from build_graph import noop
+from build_graph.incremental import filestate
 from build_graph.model import FileEntry, TargetOutput, Tree
 from build_graph.store import memo, uptodate
 
@@ -42,11 +42,12 @@ def reused(run) -> int:
 
 
 def edited(ws, files: dict[str, str]):
-    """Edit `files` (dated 20 s back: another stamp, old enough to be recorded) and build."""
+    """Edit `files` (another stamp, old enough to be recorded) and build."""
     ws.write(files)
     past = time.time() - 20
     for name in files:
         os.utime(ws.root / name, (past, past))
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)  # ctime cannot be put back: wait out the racy window
     return build(ws, "//p:top")
 
 
@@ -196,13 +197,13 @@ def test_a_collected_cache_takes_the_full_path(make_ws):
 def test_a_damaged_or_foreign_memo_is_ignored(make_ws):
     ws = ready(make_ws)
     [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
-    path.write_bytes(b"\x80not a pickle")
+    path.write_bytes(b"\x80not JSON")
     run = edited(ws, {"c.txt": "f\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nf\n"
     # a memo written for another record (a crash between the two writes) is not used either
     [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
-    _fmt, _name, entries = pickle.loads(path.read_bytes())
-    path.write_bytes(pickle.dumps((memo.FORMAT, "another-record", entries)))
+    raw = json.loads(path.read_bytes())
+    path.write_text(json.dumps({**raw, "name": "another-record"}))
     run = edited(ws, {"c.txt": "g\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ng\n"
 
@@ -235,3 +236,17 @@ def test_a_memo_is_read_only_by_the_record_that_names_it(tmp_path):
     assert memo.load(tmp_path, "d" * 32, "one")["//p:a"].sources == ("a.txt",)
     assert memo.load(tmp_path, "d" * 32, "two") is None and memo.load(tmp_path, "d" * 32, "") is None
     assert isinstance(memo.path(tmp_path, "d" * 32), Path)
+
+
+def test_the_memo_is_json_and_round_trips_outputs_with_trees(tmp_path):
+    """Issue 33 item 7: the memo is data (JSON), not a pickle; an output's info holding a tree
+    (a system root) or a tuple decodes equal to what was saved."""
+    system = Tree({"usr/bin/sh": FileEntry("1" * 64, 3, True), "usr/lib": None and FileEntry("2" * 64, 1)
+                   or FileEntry("2" * 64, 1)})
+    out = TargetOutput(Tree({"o": FileEntry("0" * 64, 1)}), {"system_root": system, "archs": ("12.0a",), "n": [1]})
+    entry = memo.Entry(("a.txt",), out, (("run", "Genrule", "k" * 64),), ("//p:d",),
+                       None, definition="d")
+    memo.save(tmp_path, "r", "name", {"//p:x": entry})
+    assert json.loads((tmp_path / "r.memo").read_bytes())["format"] == memo.FORMAT
+    assert memo.load(tmp_path, "r", "name") == {"//p:x": entry}
+    assert memo.load(tmp_path, "r", "other") is None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bgraph_testlib import requires_bwrap
 from build_graph import noop
+from build_graph.incremental import filestate
 from build_graph.store import uptodate
 
 pytestmark = requires_bwrap
@@ -27,12 +28,14 @@ UP_TO_DATE = "up to date: no input changed"
 
 
 def age(root: Path, seconds: float = 30) -> None:
-    """Date every file back, as an edit made a while before the build would be: a file written
-    within RACY_S of a build is never trusted by its stamp (the test would only see full paths)."""
+    """Date every file back, as an edit made a while before the build would be, and wait out the
+    racy-clean window: a file changed (mtime or ctime) within filestate.RACY_NS of a build is never
+    trusted by its stamp (the test would only see full paths), and ctime cannot be set back."""
     past = time.time() - seconds
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
             os.utime(os.path.join(dirpath, name), (past, past), follow_symlinks=False)
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
 
 
 def records(ws):
@@ -110,7 +113,7 @@ def test_a_changed_output_or_collected_cache_takes_the_full_path(make_ws):
 def test_a_file_written_just_before_the_build_is_not_trusted_by_its_stamp(make_ws):
     ws = make_ws(FILES)
     age(ws.root, -3600)  # dated after the scan, as a file written during its clock tick is (a loaded host may
-    build(ws, "//p:a")   # start the build more than RACY_S after make_ws wrote the files)
+    build(ws, "//p:a")   # start the build more than RACY_NS after make_ws wrote the files)
     assert UP_TO_DATE not in build(ws, "//p:a").stderr
 
 

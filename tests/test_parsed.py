@@ -1,17 +1,27 @@
-"""The parsed workspace kept between commands (store/parsed.py): used only while WORKSPACE.toml,
-every targets/**/*.toml and bgraph's code keep their stamps."""
+"""The parsed workspace kept between commands (store/parsed.py): kept in the cache as JSON (never
+a pickle, never in the workspace), used only while WORKSPACE.toml, every targets/**/*.toml and
+bgraph's code keep their file-state stamps."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import time
+from pathlib import Path
 
-from bgraph_testlib import TOOLCHAINS_TOML, WORKSPACE_TOML
+from bgraph_testlib import REPO, TOOLCHAINS_TOML, WORKSPACE_TOML
+from build_graph.incremental import filestate
 from build_graph.store import parsed
+from build_graph.store.memo import definition_of
 from build_graph.workspace import load
 
 FILES = {"WORKSPACE.toml": WORKSPACE_TOML, "targets/toolchains.toml": TOOLCHAINS_TOML,
          "targets/p.toml": '[a]\nkind = "genrule"\nouts = ["a"]\ncmd = "true"\n'}
+
+
+def settle() -> None:
+    """Wait out the racy-clean window (ctime cannot be set back)."""
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
 
 
 def write(root, files, age=30.0):
@@ -33,28 +43,85 @@ def counting():
 
 
 def test_the_kept_parse_is_used_until_a_target_file_changes(tmp_path):
-    write(tmp_path, FILES)
+    ws, records = tmp_path / "ws", tmp_path / "records"
+    write(ws, FILES)
+    settle()
     parse, calls = counting()
-    first = parsed.load(tmp_path, parse)
-    again = parsed.load(tmp_path, parse)
+    first = parsed.load(ws, parse, records)
+    again = parsed.load(ws, parse, records)
     assert len(calls) == 1 and list(again.targets) == list(first.targets)
-    write(tmp_path, {"targets/p.toml": FILES["targets/p.toml"] + '\n[b]\nkind = "genrule"\nouts = ["b"]\ncmd = "true"\n'},
+    assert not (ws / "bgraph-out").exists()  # nothing is kept in the workspace
+    write(ws, {"targets/p.toml": FILES["targets/p.toml"] + '\n[b]\nkind = "genrule"\nouts = ["b"]\ncmd = "true"\n'},
           age=20)
-    assert {"//p:a", "//p:b"} <= set(map(str, parsed.load(tmp_path, parse).targets)) and len(calls) == 2
-    write(tmp_path, {"targets/q/more.toml": '[c]\nkind = "genrule"\nouts = ["c"]\ncmd = "true"\n'}, age=10)
-    assert "//q/more:c" in map(str, parsed.load(tmp_path, parse).targets) and len(calls) == 3
-    parsed.load(tmp_path, parse)
+    settle()
+    assert {"//p:a", "//p:b"} <= set(map(str, parsed.load(ws, parse, records).targets)) and len(calls) == 2
+    write(ws, {"targets/q/more.toml": '[c]\nkind = "genrule"\nouts = ["c"]\ncmd = "true"\n'}, age=10)
+    settle()
+    assert "//q/more:c" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 3
+    parsed.load(ws, parse, records)
     assert len(calls) == 3
 
 
-def test_a_fresh_file_or_a_damaged_pickle_means_parsing(tmp_path):
-    write(tmp_path, FILES, age=0)  # written now: its stamp may not change on the next write
+def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(tmp_path):
+    ws, records = tmp_path / "ws", tmp_path / "records"
+    write(ws, FILES)
+    settle()
     parse, calls = counting()
-    parsed.load(tmp_path, parse)
-    parsed.load(tmp_path, parse)
+    parsed.load(ws, parse, records)
+    target = ws / "targets/p.toml"
+    st = target.stat()
+    with open(target, "r+") as f:  # in place: the same inode and size
+        f.write(FILES["targets/p.toml"].replace('"a"', '"z"'))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    settle()
+    ws_now = parsed.load(ws, parse, records)
+    assert len(calls) == 2 and ws_now.targets[next(iter(ws_now.targets))].attrs is not None
+    assert any(t.attrs.model_dump().get("outs") == ["z"] for t in ws_now.targets.values())
+
+
+def test_a_fresh_file_or_a_damaged_kept_parse_means_parsing(tmp_path):
+    ws, records = tmp_path / "ws", tmp_path / "records"
+    write(ws, FILES, age=0)  # written now: its stamp may not change on the next write
+    parse, calls = counting()
+    parsed.load(ws, parse, records)
+    parsed.load(ws, parse, records)
     assert len(calls) == 2
-    write(tmp_path, FILES)
-    parsed.load(tmp_path, parse)
-    kept = tmp_path / "bgraph-out" / ".uptodate" / parsed.NAME
-    kept.write_bytes(b"not a pickle")
-    assert "//p:a" in map(str, parsed.load(tmp_path, parse).targets) and len(calls) == 4
+    settle()
+    parsed.load(ws, parse, records)
+    kept = parsed.kept_path(records, ws.resolve())
+    kept.write_bytes(b"not JSON")
+    assert "//p:a" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 4
+    kept.write_bytes(b'{"inputs": 1}')
+    assert "//p:a" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 5
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_pickle_shipped_in_the_workspace_is_never_loaded(tmp_path, monkeypatch):
+    """Issue 33 item 7: `bgraph-out/.uptodate/workspace.pickle` was unpickled by every command."""
+    ws, records = tmp_path / "ws", tmp_path / "records"
+    write(ws, FILES)
+    (ws / "bgraph-out" / ".uptodate").mkdir(parents=True)
+    (ws / "bgraph-out" / ".uptodate" / "workspace.pickle").write_bytes(pickle.dumps(_Boom()))
+    monkeypatch.chdir(tmp_path)
+    parse, calls = counting()
+    parsed.load(ws, parse, records)
+    parsed.load(ws, parse, None)
+    assert not (tmp_path / "PWNED").exists()
+    assert not any(p.suffix == ".pickle" for p in records.rglob("*"))
+
+
+def test_the_repository_workspace_round_trips_exactly(tmp_path):
+    """A kept parse validates to the same models: every target's definition digest (what the memo
+    compares) is the one of a fresh parse."""
+    records = tmp_path / "records"
+    fresh = load(Path(REPO))
+    parsed._keep(parsed.kept_path(records, Path(REPO).resolve()), parsed._inputs(Path(REPO).resolve()), fresh)
+    kept = parsed._read(parsed.kept_path(records, Path(REPO).resolve()), parsed._inputs(Path(REPO).resolve()))
+    assert kept is not None
+    assert kept.model == fresh.model
+    assert {str(k): definition_of(t) for k, t in kept.targets.items()} == \
+           {str(k): definition_of(t) for k, t in fresh.targets.items()}

@@ -37,6 +37,7 @@ import orjson
 
 from build_graph.errors import StoreError
 from build_graph.store.json_table import JsonTable
+from build_graph.incremental import filestate
 from build_graph.store.lease import Holds, live_builds, take_if_free
 from build_graph.model import DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 
@@ -53,9 +54,10 @@ class CorruptBlob(StoreError):
     """A blob on disk does not match its digest; it has been removed."""
 
 
-def stat_stamp(st: os.stat_result) -> list[int]:
-    """The stamp a blob hashed good is trusted by while it holds: size, mtime, ctime, inode."""
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+def stat_stamp(st: os.stat_result) -> list:
+    """The stamp a blob hashed good is trusted by while it holds (filestate: size, mtime, ctime,
+    inode, mode): any write or chmod, through any hard link of it, moves it."""
+    return filestate.of(st)
 
 
 def restamp_linked(stamps: JsonTable, blob: Path) -> None:
@@ -69,8 +71,9 @@ def restamp_linked(stamps: JsonTable, blob: Path) -> None:
         st = os.stat(blob)
     except FileNotFoundError:
         return
-    if [st.st_size, st.st_mtime_ns, st.st_ino] == [old[0], old[1], old[3]] and st.st_ctime_ns != old[2]:
-        stamps.set(blob.name, stat_stamp(st))
+    new = stat_stamp(st)
+    if new != old and filestate.same_but_links(old, new):
+        stamps.set(blob.name, new)
 
 
 _read_buffers = threading.local()
@@ -415,11 +418,12 @@ class LocalCas:
         # first build as on later ones (the link's own mode, 0777, made a first build's entry
         # executable and the next one's not, so the keys changed between them).
         lst = os.lstat(key)
-        st = os.stat(key) if stat.S_ISLNK(lst.st_mode) else lst
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_mode]
+        link = stat.S_ISLNK(lst.st_mode)
+        st = os.stat(key) if link else lst
+        stamp = filestate.of(st, os.readlink(key) if link else "")
         known = self._sources.table.get(key)
-        if known and known[:5] == stamp:
-            return FileEntry(known[5], st.st_size, bool(st.st_mode & stat.S_IXUSR))
+        if known and known[:6] == stamp:
+            return FileEntry(known[6], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         try:
             entry = (self._put_file(key, st, None, False) if store else
                      FileEntry(hash_file(key, self.digester), st.st_size, bool(st.st_mode & stat.S_IXUSR)))
@@ -427,9 +431,7 @@ class LocalCas:
             if e.filename is None and e.errno != errno.ENOSPC:
                 e.filename = key
             raise
-        # A file changed within the clock's granularity of this stat could keep its stamp
-        # (git's "racily clean" case): remember only stamps older than a couple of seconds.
-        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > 2_000_000_000:
+        if not filestate.racy(stamp, time.time_ns()):  # a racily clean stamp proves nothing yet
             self._sources.set(key, [*stamp, entry.digest])
         return entry
 

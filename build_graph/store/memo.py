@@ -27,25 +27,26 @@ build of its family: the same workspace, cache and configuration, other targets 
 family`). Its targets are then checked one by one, like after a target-file edit.
 
 The memo names the record it belongs to; a memo whose record was replaced (a crash between the
-two writes, a concurrent build) is not used. A damaged or foreign memo is ignored.
+two writes, a concurrent build) is not used. A damaged or foreign memo is ignored. It is JSON
+(orjson), never a pickle: reading bgraph's state runs no code, whoever wrote the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pickle
 from dataclasses import dataclass
 from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from build_graph.store.atomic import write_bytes
 
-if TYPE_CHECKING:  # not imported by a no-op (pickle imports it when a memo is loaded)
+if TYPE_CHECKING:  # not imported by a no-op
     from build_graph.model import TargetOutput
 
-FORMAT = 2
-
+FORMAT = 3  # 3: JSON
 
 @dataclass(frozen=True)
 class Entry:
@@ -55,7 +56,7 @@ class Entry:
     output: TargetOutput
     actions: tuple[tuple[str, str, str], ...]  # (name, mnemonic, key) of each action it took
     deps: tuple[str, ...] = ()  # its configured dependencies
-    node: bytes = b""  # pickled (configs.Configured, its configured edges): unpickled only if it is planned again
+    node: Any = None  # encode_node(configs.Configured, its configured edges): decoded only if it is planned again
     volatile: bool = False  # a source the stamps cannot see: never reused
     definition: str = ""  # definition_of(its target) when it was planned
 
@@ -71,10 +72,82 @@ def path(store: Path, digest: str) -> Path:
     return store / f"{digest}.memo"
 
 
+def encode_node(node: Any, edges: dict) -> list:
+    """A configured target and its edges ((attribute key, label) -> configured dependency) as JSON."""
+    def configured(c: Any) -> list:
+        return [str(c.label), c.config.exec, c.config.target, c.tag]
+    return [configured(node), [[key, str(label), *configured(dep)] for (key, label), dep in edges.items()]]
+
+
+def decode_node(raw: list) -> tuple[Any, dict]:
+    """What encode_node wrote: (configs.Configured, its edges)."""
+    from build_graph.configs import Config, Configured
+    from build_graph.labels import parse_label
+
+    def configured(label: str, exec_: str, target: str, tag: str) -> Any:
+        return Configured(parse_label(label), Config(exec_, target), tag)
+    node, edges = raw
+    return configured(*node), {(key, parse_label(label)): configured(*dep) for key, label, *dep in edges}
+
+
+def _encode_value(v: Any) -> Any:
+    """A target output's info as JSON: trees (a system root) and tuples tagged, so they decode
+    to what they were (an output compares equal to the one it was built from)."""
+    from build_graph.model import Tree
+    from build_graph.store.state import encode_tree
+
+    if isinstance(v, Tree):
+        return {"$tree": orjson.Fragment(encode_tree(v))}
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            raise TypeError("info keys must be strings")
+        return {k: _encode_value(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return {"$tuple": [_encode_value(x) for x in v]}
+    if isinstance(v, list):
+        return [_encode_value(x) for x in v]
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise TypeError(f"cannot keep {type(v).__name__} in a memo")
+
+
+def _decode_value(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "$tree" in v:
+            return _decode_tree(v["$tree"])
+        if "$tuple" in v:
+            return tuple(_decode_value(x) for x in v["$tuple"])
+        return {k: _decode_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode_value(x) for x in v]
+    return v
+
+
+def _decode_tree(rows: list) -> Any:
+    from build_graph.model import DirEntry, FileEntry, SymlinkEntry, Tree
+    # Tree() checks every path again: what the cache holds is data, never trusted as code or paths.
+    return Tree({r[0]: FileEntry(r[1], r[2], r[3]) if len(r) == 4 else SymlinkEntry(r[1]) if len(r) == 2
+                 else DirEntry() for r in rows})
+
+
+def _encode_entry(e: Entry) -> list:
+    from build_graph.store.state import encode_tree
+    return [list(e.sources), orjson.Fragment(encode_tree(e.output.tree)), _encode_value(dict(e.output.info)),
+            [list(a) for a in e.actions], list(e.deps), e.node, e.volatile, e.definition]
+
+
+def _decode_entry(raw: list) -> Entry:
+    from build_graph.model import TargetOutput
+    sources, rows, info, actions, deps, node, volatile, definition = raw
+    return Entry(tuple(sources), TargetOutput(_decode_tree(rows), _decode_value(info)),
+                 tuple(tuple(a) for a in actions), tuple(deps), node, bool(volatile), definition)
+
+
 def save(store: Path, digest: str, name: str, entries: dict[str, Entry]) -> None:
     """Write the memo of the record called `name` (str(configured target) -> entry)."""
     store.mkdir(parents=True, exist_ok=True)
-    write_bytes(path(store, digest), pickle.dumps((FORMAT, name, entries), protocol=pickle.HIGHEST_PROTOCOL))
+    write_bytes(path(store, digest), orjson.dumps(
+        {"format": FORMAT, "name": name, "entries": {k: _encode_entry(e) for k, e in entries.items()}}))
 
 
 def load(store: Path, digest: str, name: str) -> dict[str, Entry] | None:
@@ -82,11 +155,12 @@ def load(store: Path, digest: str, name: str) -> dict[str, Entry] | None:
     if not name:
         return None
     try:
-        with open(path(store, digest), "rb") as f:
-            fmt, kept_name, entries = pickle.load(f)
-    except Exception:  # missing, damaged, or another bgraph's: every target takes the full path
+        raw = orjson.loads(path(store, digest).read_bytes())
+        if raw["format"] != FORMAT or raw["name"] != name:
+            return None
+        return {k: _decode_entry(e) for k, e in raw["entries"].items()}
+    except Exception:  # noqa: BLE001 - missing, damaged, or another bgraph's: every target takes the full path
         return None
-    return entries if fmt == FORMAT and kept_name == name else None
 
 
 def forget(store: Path, digest: str) -> None:
@@ -159,7 +233,7 @@ class Reuse:
             return None
         deps, dep_labels = {}, {}
         for name in names:
-            node, edges = pickle.loads(entries[name].node)
+            node, edges = decode_node(entries[name].node)
             dep_labels[node] = edges
             deps[node] = list(dict.fromkeys(edges.values()))
         order = list(TopologicalSorter({n: [d for d in ds if str(d) in names] for n, ds in deps.items()}).static_order())

@@ -3,7 +3,8 @@ the workspace, planning or computing a key (Ninja's `.ninja_log` idea, taken one
 
 After a successful build of a request (the targets as typed, and every flag or environment
 variable that chooses what is built, where it is cached and how it is configured), bgraph writes
-`<cache>/v1/uptodate/<request digest>.json` holding the stat stamp (size, mtime, inode) of:
+`<cache>/v1/uptodate/<request digest>.json` holding the file-state stamp (incremental/filestate.py:
+size, mtime, ctime, inode, mode, link text) of:
 
 - every file under the workspace root, except `bgraph-out/`, `.git/`, `__pycache__/` and the
   cache directory (when it lies inside the root): the target files, the sources, the patches,
@@ -22,9 +23,10 @@ Why it is exact: a build's outputs are a function of its inputs, and every input
 files above (the workspace and bgraph's code), from pins fixed by sha256, or from the cache,
 which is content-addressed. Two races are closed: a file edited while the build ran (the root is
 scanned before and after the build; a record is written only if both scans agree), and a file
-edited twice within one tick of the file system's clock (a file whose mtime is within RACY_S of
-the scan is "racily clean", as git calls it: the record lists it as always changed, so the next
-build checks it and what reads it, and only that: an edit-build-edit loop keeps its record).
+edited twice within one tick of the file system's clock (a file whose mtime or ctime is within
+filestate.RACY_NS of the scan is "racily clean", as git calls it: the record lists it as always
+changed, so the next build checks it and what reads it, and only that: an edit-build-edit loop
+keeps its record).
 """
 
 from __future__ import annotations
@@ -41,15 +43,13 @@ from typing import Any
 
 import orjson
 
+from build_graph.incremental import filestate
+from build_graph.incremental.filestate import Stamp
 from build_graph.store import atomic
 from build_graph.store.atomic import write_bytes
 
-RECORD_DIR = ".uptodate"  # under bgraph-out/: the kept parse (store/parsed.py)
-FORMAT = 1
-RACY_S = 2.0  # a file modified this close to the scan may change again without changing its stamp
+FORMAT = 2  # 2: filestate stamps (ctime, mode, link text)
 SKIPPED_NAMES = frozenset({".git", "__pycache__"})
-
-Stamp = list  # [size, mtime_ns, inode]
 
 
 def request_digest(parts: dict[str, Any]) -> str:
@@ -57,16 +57,7 @@ def request_digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _stamp(st: os.stat_result) -> Stamp:
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def stamp_of(path: str | Path) -> Stamp | None:
-    """A file's stamp, following links; None where there is no file."""
-    try:
-        return _stamp(os.stat(path))
-    except OSError:
-        return None
+stamp_of = filestate.stamp
 
 
 class Unrecordable(Exception):
@@ -75,8 +66,10 @@ class Unrecordable(Exception):
 
 def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
     """Every file under `root` (relative path -> stamp), but bgraph-out/, .git/, __pycache__/
-    and the directories in `skip` (absolute paths). A link is followed to its file; a link to
-    a directory raises Unrecordable (what changes behind it would go unseen)."""
+    and the directories in `skip` (absolute paths). A link is followed to its file (its text
+    is part of the stamp); a link to a directory raises Unrecordable (what changes behind it
+    would go unseen). A name that is not valid UTF-8 raises Unrecordable too: the record is
+    JSON, and such a workspace is checked in full every time."""
     skipped = {str(root / "bgraph-out"), *skip}
     files: dict[str, Stamp] = {}
     prefix = len(str(root)) + 1
@@ -90,15 +83,22 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                     continue
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:  # a dangling link: its target may appear later
-                    files[entry.path[prefix:]] = [-1, 0, 0]
-                    continue
-                if stat_mod.S_ISDIR(st.st_mode):
+                st = filestate.of_entry(entry)
+                if stat_mod.S_ISDIR(st[4]):
                     raise Unrecordable(f"{entry.path} links to a directory")
-                files[entry.path[prefix:]] = _stamp(st)
+                name = entry.path[prefix:]
+                if not name.isprintable() or _surrogate(name):
+                    raise Unrecordable(f"{entry.path!r} is not a UTF-8 name")
+                files[name] = st
     return files
+
+
+def _surrogate(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 @functools.cache
@@ -242,10 +242,9 @@ def changed_files(record: Record, seen: dict[str, Stamp] | None = None) -> set[s
 
 
 def racy(files: dict[str, Stamp], scanned_at_ns: int) -> list[str]:
-    """The files modified within RACY_S before the scan: each may change again without a new
-    stamp, so a record takes them as changed whatever their stamps say (git's "racily clean")."""
-    limit = scanned_at_ns - int(RACY_S * 1e9)
-    return [p for p, s in files.items() if s[1] > limit]
+    """The files racily clean at the scan (filestate.racy): each may change again without a new
+    stamp, so a record takes them as changed whatever their stamps say."""
+    return [p for p, s in files.items() if filestate.racy(s, scanned_at_ns)]
 
 
 def save(store: Path, digest: str, record: Record) -> None:
