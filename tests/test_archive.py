@@ -207,6 +207,174 @@ def test_entries_through_symlinks_are_refused(cas, tmp_path, members, entry):
     assert not list(tmp_path.rglob("escaped"))
 
 
+# Chains of links each harmless alone: x/l0 is the root, so l0/.. is the root's parent, and
+# u2/u3/... climb one more level each. A lexical check sees every target inside the root.
+CHAIN = [("x/", "dir", None, 0o755), ("x/l0", "sym", "..", 0o777), ("x/u1", "sym", "l0/..", 0o777),
+         ("x/u2", "sym", "u1/..", 0o777), ("x/u3", "sym", "u2/..", 0o777), ("x/ok", "file", b"ok", 0o644)]
+
+
+def tar_modes():
+    return ["w", "w:gz", "w:bz2", "w:xz"]
+
+
+@pytest.mark.parametrize("mode", tar_modes())
+def test_chained_links_out_of_the_root_are_refused(cas, mode):
+    blobs_before = blobs(cas)
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, make_tar(CHAIN, mode=mode), "chain.tar")
+    msg = str(info.value)
+    assert msg == "chain.tar: symlink 'x/u1' -> 'l0/..' passes through symlink 'x/l0'; refused"
+    assert "\n" not in msg
+    assert blobs(cas) - blobs_before <= {cas.put_bytes(make_tar(CHAIN, mode=mode)).digest[2:]}  # the archive only
+
+
+def test_chained_links_in_a_zip_and_a_deb_are_refused(cas):
+    data = make_zip([("x/l0", b"..", 0o120777), ("x/u1", b"l0/..", 0o120777), ("x/u2", b"u1/..", 0o120777)])
+    with pytest.raises(ArchiveError, match=r"^c\.whl: symlink 'x/u1' -> 'l0/\.\.' passes through symlink 'x/l0'; "
+                                           r"refused$"):
+        run_extract(cas, data, "c.whl")
+    deb = make_deb([("./usr/", "dir", None, 0o755), ("./usr/l0", "sym", "..", 0o777),
+                    ("./usr/u1", "sym", "l0/../..", 0o777)])
+    with pytest.raises(ArchiveError, match="symlink 'usr/u1' -> 'l0/../..' passes through symlink 'usr/l0'"):
+        run_extract(cas, deb, "c_1_amd64.deb")
+
+
+@pytest.mark.parametrize("members, message", [
+    # Through a link to a directory, even one that stays inside: where it leads is the link's to say.
+    ([("sub/f", "file", b"f", 0o644), ("a", "sym", "sub", 0o777), ("b", "sym", "a/f", 0o777)],
+     "symlink 'b' -> 'a/f' passes through symlink 'a'"),
+    # The order of the members does not matter: the link it passes through may come later.
+    ([("b", "sym", "a/../f", 0o777), ("sub/f", "file", b"f", 0o644), ("a", "sym", "sub/deeper", 0o777)],
+     "symlink 'b' -> 'a/../f' passes through symlink 'a'"),
+    # A trailing slash or dot follows the link too.
+    ([("a", "sym", ".", 0o777), ("b", "sym", "a/", 0o777)], "symlink 'b' -> 'a/' passes through symlink 'a'"),
+    # Climbing out after going down into a directory that does not exist (another package's).
+    ([("usr/lib/x", "sym", "../nowhere/../../..", 0o777)], "symlink 'usr/lib/x' -> '../nowhere/../../..' points "
+                                                           "outside the root"),
+    ([("l", "sym", "", 0o777)], "symlink 'l' -> '' has an empty or NUL target"),
+])
+def test_links_through_links_are_refused(cas, members, message):
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, make_tar(members), "links.tar.gz")
+    assert str(info.value) == f"links.tar.gz: {message}; refused"
+
+
+@pytest.mark.parametrize("members, message", [
+    ([("f", "file", b"f", 0o644), ("l", "sym", "../../etc/passwd", 0o777), ("h", "lnk", "l", 0o644)],
+     "'l' -> '../../etc/passwd' points outside the root"),
+    # Each alone is fine: the link climbs two levels from its own directory, the hard link copy of
+    # it sits at the top, where `../..` is outside.
+    ([("a/b/l", "sym", "../..", 0o777), ("h", "lnk", "a/b/l", 0o644)],
+     "hard link 'h' -> 'a/b/l' names a symlink, not a regular file"),
+    ([("d/", "dir", None, 0o755), ("h", "lnk", "d", 0o644)], "hard link 'h' -> 'd' names a directory, not a "
+                                                             "regular file"),
+    ([("h", "lnk", "later", 0o644), ("later", "file", b"x", 0o644)], "hard link 'h' -> 'later' points outside "
+                                                                     "the archive"),
+    ([("h", "lnk", "../outside", 0o644)], "hard link 'h' -> '../outside' points outside the archive"),
+])
+def test_hard_links_only_to_earlier_regular_files(cas, members, message):
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, make_tar(members), "hard.tar.gz")
+    assert message in str(info.value) and str(info.value).startswith("hard.tar.gz: ")
+
+
+@pytest.mark.parametrize("make", ["tar", "zip", "deb"])
+def test_members_under_a_symlinked_directory_are_refused(cas, make):
+    if make == "tar":
+        data, name, entry = make_tar([("d", "sym", "sub", 0o777), ("d/f", "file", b"x", 0o644)]), "t.tgz", "d/f"
+    elif make == "zip":
+        data, name, entry = make_zip([("d", b"sub", 0o120777), ("d/f", b"x", 0o100644)]), "t.whl", "d/f"
+    else:
+        data, name, entry = make_deb([("./usr/lib64", "sym", "lib", 0o777), ("./usr/lib64/ld.so", "file", b"x", 0o755)]), \
+            "t_1_amd64.deb", "usr/lib64/ld.so"
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, data, name)
+    assert f"entry {entry!r} lies below symlink" in str(info.value)
+
+
+def test_special_zip_members_are_refused(cas):
+    with pytest.raises(ArchiveError, match="'p' is a device, fifo or other special file; refused"):
+        run_extract(cas, make_zip([("ok", b"x", 0o100644), ("p", b"", 0o010644)]), "s.zip")
+    with pytest.raises(ArchiveError, match="'l' has a 5000-byte target; refused"):
+        run_extract(cas, make_zip([("l", b"a" * 5000, 0o120777)]), "s.zip")
+
+
+def test_a_link_out_of_strip_prefix_is_refused(cas):
+    members = [("pkg-1.0/f", "file", b"f", 0o644), ("other/secret", "file", b"s", 0o644),
+               ("pkg-1.0/up", "sym", "../other/secret", 0o777)]
+    assert "pkg-1.0/up" in run_extract(cas, make_tar(members)).entries  # inside the archive's root
+    with pytest.raises(ArchiveError, match=r"symlink 'pkg-1.0/up' -> '../other/secret' points outside the root "
+                                           r"\(the root is strip_prefix 'pkg-1.0'\); refused"):
+        run_extract(cas, make_tar(members), strip_prefix="pkg-1.0")
+
+
+# Links as packages ship them: a library's chain of names, links into the tree's other
+# directories, links into other packages (not in this tree), a link to the root, a link to a link.
+USUAL_LINKS = [
+    ("./usr/lib/x86_64-linux-gnu/libfoo.so.1.2.3", "file", b"\x7fELF lib", 0o644),
+    ("./usr/lib/x86_64-linux-gnu/libfoo.so.1", "sym", "libfoo.so.1.2.3", 0o777),
+    ("./usr/lib/x86_64-linux-gnu/libfoo.so", "sym", "libfoo.so.1", 0o777),
+    ("./usr/lib/gcc/x86_64-linux-gnu/12/libfoo.so", "sym", "../../../x86_64-linux-gnu/libfoo.so.1", 0o777),
+    ("./usr/lib/gcc/x86_64-linux-gnu/12/libgcc_s.so", "sym", "/lib/x86_64-linux-gnu/libgcc_s.so.1", 0o777),
+    ("./usr/bin/foo-12", "file", b"#!/bin/sh\n", 0o755),
+    ("./usr/bin/foo", "sym", "foo-12", 0o777),
+    ("./usr/bin/x86_64-linux-gnu-foo", "sym", "./foo", 0o777),
+    ("./usr/share/doc/libfoo-dev", "sym", "libfoo1", 0o777),
+    ("./usr/share/doc/libfoo1/copyright", "file", b"free\n", 0o644),
+    ("./usr/share/foo/root", "sym", "../../..", 0o777),
+]
+
+
+def test_usual_relative_links_extract_and_materialize(cas):
+    tree = run_extract(cas, make_deb(USUAL_LINKS), "libfoo_1.2.3_amd64.deb")
+    assert tree.entries["usr/lib/x86_64-linux-gnu/libfoo.so"] == SymlinkEntry("libfoo.so.1")
+    assert tree.entries["usr/lib/gcc/x86_64-linux-gnu/12/libgcc_s.so"] == \
+        SymlinkEntry("../../../../../lib/x86_64-linux-gnu/libgcc_s.so.1")
+    root = cas.materialize(tree)
+    assert (root / "usr/lib/gcc/x86_64-linux-gnu/12/libfoo.so").read_bytes() == b"\x7fELF lib"
+    assert (root / "usr/lib/x86_64-linux-gnu/libfoo.so").read_bytes() == b"\x7fELF lib"
+    assert (root / "usr/bin/x86_64-linux-gnu-foo").read_bytes() == b"#!/bin/sh\n"
+    assert (root / "usr/share/foo/root").resolve() == root.resolve()
+    # The same links in a tar (an sdist) and a zip (a wheel).
+    plain = [(n[2:], k, p if not (k == "sym" and p.startswith("/")) else "../../../x86_64-linux-gnu/libfoo.so", m)
+             for n, k, p, m in USUAL_LINKS]
+    assert run_extract(cas, make_tar(plain, mode="w:bz2"), "foo.tar.bz2").entries["usr/bin/foo"] == SymlinkEntry("foo-12")
+    wheel = make_zip([(n, p if k == "file" else p.encode(), (0o100644 if k == "file" else 0o120777))
+                      for n, k, p, _m in plain])
+    assert run_extract(cas, wheel, "foo.whl").entries["usr/lib/x86_64-linux-gnu/libfoo.so"] == SymlinkEntry("libfoo.so.1")
+
+
+def blobs(cas: LocalCas) -> set[str]:
+    return {p.name for p in cas.blobs.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["tar", "zip"])
+def test_a_refused_archive_stores_nothing(cas, fmt):
+    big = os.urandom(3 << 20)  # over a chunk: staged in a file, not in memory
+    if fmt == "tar":
+        data = make_tar([("a/small", "file", b"SMALL-BEFORE", 0o644), ("a/big", "file", big, 0o644), *CHAIN,
+                         ("a/after", "file", b"AFTER", 0o644)])
+    else:
+        data = make_zip([("a/small", b"SMALL-BEFORE", 0o100644), ("a/big", big, 0o100644),
+                         ("x/l0", b"..", 0o120777), ("x/u1", b"l0/..", 0o120777)])
+    archive_blob = cas.put_bytes(data)
+    before = blobs(cas)
+    act = Action(name="extract", mnemonic="Extract", kind="extract", inputs=(("archive", Tree({"bad": archive_blob})),),
+                 spec=(("filename", "bad"), ("strip_prefix", "")))
+    with pytest.raises(ArchiveError, match="passes through symlink"):
+        archive.extract(cas, act)
+    assert blobs(cas) == before
+    assert not any(cas.tmp.iterdir())  # no staging file left behind
+
+
+def test_members_outside_strip_prefix_are_not_stored(cas):
+    tree = run_extract(cas, make_tar([("keep/f", "file", b"KEPT", 0o644), ("drop/g", "file", b"DROPPED", 0o644),
+                                      ("drop/big", "file", b"D" * (3 << 20), 0o644)]), strip_prefix="keep")
+    assert set(tree.entries) == {"f"}
+    contents = {p.read_bytes()[:8] for p in cas.blobs.rglob("*") if p.is_file()}
+    assert b"KEPT" in contents and b"DROPPED" not in contents and b"D" * 8 not in contents
+
+
 def test_hostile_zip_is_refused(cas):
     with pytest.raises(ArchiveError, match="'../evil'"):
         run_extract(cas, make_zip([("../evil", b"x", 0o100644)]), "z.zip")
@@ -286,10 +454,6 @@ def test_deb_made_by_dpkg_deb(cas, tmp_path):
     listed = subprocess.run([dpkg_deb, "--contents", str(tmp_path / "mine.deb")], check=True,
                             capture_output=True, text=True).stdout
     assert "./usr/bin/tool" in listed
-
-
-def blobs(cas: LocalCas) -> set[str]:
-    return {p.name for p in cas.blobs.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("member, entry", [
@@ -397,3 +561,26 @@ def test_http_archive_moved_url_is_served_from_the_cas(make_ws, tmp_path):
     run = ws.build("//ext:pkg")
     assert run.rc == 0, run.stderr
     assert run.json["executed"] == 0
+
+
+@requires_bwrap
+def test_a_refused_archive_is_one_error_line_and_keeps_the_previous_outputs(make_ws, tmp_path):
+    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
+    toml = ws.root / "targets" / "ext.toml"
+    toml.write_text(toml.read_text().replace("0" * 64, right))
+    assert ws.build("//ext:pkg").rc == 0
+    entries_before = ws.ac_entries()
+    hostile = make_tar(GOOD + [("pkg-1.0/x/", "dir", None, 0o755), ("pkg-1.0/x/l0", "sym", "..", 0o777),
+                               ("pkg-1.0/x/u1", "sym", "l0/..", 0o777), ("pkg-1.0/x/u2", "sym", "u1/..", 0o777)])
+    (tmp_path / "downloads" / "pkg-1.0.tar.gz").write_bytes(hostile)
+    toml.write_text(toml.read_text().replace(right, hashlib.sha256(hostile).hexdigest()))
+    run = ws.build("//ext:pkg")
+    assert run.rc == 1 and "Traceback" not in run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, run.stderr
+    assert "pkg-1.0.tar.gz: symlink 'pkg-1.0/x/u1' -> 'l0/..' passes through symlink 'pkg-1.0/x/l0'; refused" \
+        in errors[0], errors
+    # The unpack filed nothing (the fetch of the new bytes is kept); the last good output is as it was.
+    assert len(ws.ac_entries() - entries_before) == 1
+    assert ws.read_output("//ext:pkg", "README") == "read me\n"
+    assert not (ws.root / "bgraph-out/ext/pkg/x").exists()
