@@ -59,6 +59,8 @@ class BuildRun:
         self.reused_targets: tuple[str, ...] = ()
         self.reuse = self._reusable(engine)
         part = self.reuse.subgraph(self.labels) if self.reuse is not None else None
+        if part is not None and any(engine.cas.verify_tree(o.tree) for o in part[1].values()):
+            part = None  # an output the memo would hand on is damaged: every target is checked in full
         if part is not None:  # only the targets an edited source reaches are visited
             self.graph, prebuilt, visited = part
             self.outputs.update(prebuilt)
@@ -224,6 +226,8 @@ class BuildRun:
             was = entries.get(str(dep))
             if was is None or self.outputs[dep] != was.output:
                 return False
+        if self.e.cas.verify_tree(entry.output.tree):
+            return False  # its output was changed or collected: the full check (the rebuilder) decides
         self.outputs[label] = entry.output
         self.memo[name] = entry
         self.reused += 1

@@ -10,6 +10,7 @@ import sys
 import time
 
 from bgraph_testlib import hermetic_env, requires_bwrap, statuses
+from build_graph.incremental import filestate
 from build_graph.model import Digester
 from build_graph.store.cas import LocalCas
 
@@ -58,7 +59,7 @@ def assert_stamps_current(ws) -> int:
     for blob in (ws.store / "cas").rglob("*"):
         if blob.is_file() and blob.name in stamps:
             st = blob.stat()
-            assert stamps[blob.name] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], blob.name
+            assert stamps[blob.name] == filestate.of(st), blob.name
             checked += 1
     return checked
 
@@ -193,7 +194,7 @@ def test_a_source_collected_after_its_stamp_was_recorded_is_stored_again(make_ws
     time.sleep(2.1)  # a stamp is recorded only for a file unchanged for 2 s (mtime and ctime)
     assert ws.build("//p:a").rc == 0
     sources = __import__("json").loads((ws.store / "sources.json").read_text())
-    digest = next(v[5] for k, v in sources.items() if k.endswith("in.txt"))
+    digest = next(v[6] for k, v in sources.items() if k.endswith("in.txt"))
     assert ws.cli("cache", "gc").rc == 0
     assert not (ws.store / "cas" / digest[:2] / digest[2:]).exists()  # nothing kept the source
     ws.write({"targets/p.toml": TARGETS["targets/p.toml"].replace("cat $SRC/in.txt $SRC/in.txt",

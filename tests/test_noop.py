@@ -256,3 +256,46 @@ def test_a_link_another_build_repointed_is_not_put_back(make_ws):
     age(ws.root, 30)
     run = build(ws, "//p:a")
     assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n" * 2
+
+
+def _tamper_in_place(path: Path, data: bytes) -> None:
+    """Root writes through a read-only, hard-linked output and puts its mtime back."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_an_output_written_in_place_is_never_relinked(make_ws):
+    """Issue 33 item 5: an output changed in place (its blob hard-linked into bgraph-out/) is
+    neither answered up to date nor re-linked by the memo or materialize: it is built again."""
+    ws = ready(make_ws, "//p:b")
+    out = ws.root / "bgraph-out" / "p" / "b" / "b.txt"
+    _tamper_in_place(out, b"9\n")
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    run = build(ws, "//p:b")
+    assert UP_TO_DATE not in run.stderr
+    assert ws.read_output("//p:b", "b.txt") == "4\n"
+    # An edit elsewhere (the memo path) after tampering with an output it would take whole.
+    _tamper_in_place(ws.root / "bgraph-out" / "p" / "b" / "b.txt", b"7\n")
+    ws.write({"srcs/x.txt": "y\n"})
+    age(ws.root, 20)
+    build(ws, "//p:b")
+    assert ws.read_output("//p:b", "b.txt") == "4\n"
+
+
+def test_an_output_chmod_or_replaced_file_is_built_again(make_ws):
+    ws = ready(make_ws, "//p:a")
+    out = ws.root / "bgraph-out" / "p" / "a" / "a.txt"
+    os.chmod(out, 0o755)
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    build(ws, "//p:a")
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n" * 2
+    assert (os.stat(ws.root / "bgraph-out" / "p" / "a" / "a.txt").st_mode & 0o111) == 0
+    # a file replaced inside the materialized tree (another inode): the tree is made again
+    real = Path(os.path.realpath(out))
+    real.unlink()
+    real.write_text("forged\n")
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    build(ws, "//p:a")
+    assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n" * 2

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from bgraph_testlib import action, requires_bwrap
+from build_graph.incremental import filestate
 from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree, canonical_json
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
@@ -130,6 +131,7 @@ def test_verify_detects_and_evicts_bad_blobs(cas, caplog):
     path = cas.blob_path(e.digest)
     path.chmod(0o644)
     path.write_bytes(b"ORIGINAL content")  # same size, different bytes
+    path.chmod(0o444)  # its mode put back: only the bytes tell
     fresh = LocalCas(cas.base.parent.parent, B3)  # a new process: nothing verified yet
     with caplog.at_level("WARNING", logger="bgraph.store"):
         assert not fresh.verify(e)
@@ -202,6 +204,7 @@ def test_a_blob_stored_is_trusted_by_the_next_build_until_it_is_written(cas, tmp
     path = cas.blob_path(a.digest)
     path.chmod(0o644)
     path.write_bytes(b"STORED ONCE" * 100)  # same size, other bytes
+    path.chmod(0o444)  # mode put back: the moved ctime alone tells
     assert not LocalCas(tmp_path / "cache", B3).verify(a) and hashed
 
 
@@ -224,7 +227,7 @@ def test_materializing_keeps_the_verify_stamps_current(cas, tmp_path):
     p = cas.blob_path(a.digest)
     st = p.stat()
     assert st.st_nlink == 2
-    assert stamps[p.name] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    assert stamps[p.name] == filestate.of(st)
 
 
 def test_action_cache(tmp_path, cas):
@@ -399,3 +402,12 @@ def test_full_disk_names_the_cache_the_workspace_configures(make_ws, tiny_cache)
     assert proc.returncode in (1, 2)
     assert f"no space left in the cache directory {tiny_cache}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_a_blob_whose_mode_changed_is_evicted(cas):
+    """A chmod through a linked output changes every tree that links the blob: never trusted."""
+    e = cas.put_bytes(b"plain")
+    path = cas.blob_path(e.digest)
+    path.chmod(0o755)
+    fresh = LocalCas(cas.base.parent.parent, B3)
+    assert not fresh.verify(e) and not path.exists()

@@ -233,6 +233,7 @@ class LocalCas:
         self._tmp_names = itertools.count()  # names in our own staging (see _staged)
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
+        self._intact: set[str] = set()  # materialized trees checked whole by this process
         # Blob name -> stat stamp of the copy last hashed good (see verify).
         self._stamps = JsonTable(self.base / "verified.json", self.tmp)
         self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
@@ -495,6 +496,8 @@ class LocalCas:
             for copy, name, st in copies:
                 if st.st_size != entry.size:
                     raise CorruptBlob("size mismatch")
+                if stat.S_IMODE(st.st_mode) != (0o555 if copy.endswith(".x") else 0o444):
+                    raise CorruptBlob("mode changed")  # a chmod through a linked output: its trees are wrong
                 stamp = stat_stamp(st)
                 if self._stamps.table.get(name) == stamp:
                     continue
@@ -629,7 +632,12 @@ class LocalCas:
         self.holds.hold("tree", digest)  # before looking: a collection now keeps it
         dest = self.trees / digest
         if dest.exists():
-            return dest
+            if digest in self._intact or self._is_intact(tree, dest):
+                self._intact.add(digest)
+                return dest
+            # Changed in place (root can write below a read-only tree): made again, never used.
+            log.warning("materialized tree %s was changed; made again", digest[:16])
+            rmtree(dest)
         bad = self.verify_tree(tree)
         if bad:
             raise CorruptBlob(f"cannot materialize: {len(bad)} blob(s) missing or corrupted, e.g. {bad[0]}")
@@ -668,6 +676,39 @@ class LocalCas:
             raise
         self._restamp(linked)
         return dest
+
+    def _is_intact(self, tree: Tree, dest: Path) -> bool:
+        """Whether a materialized tree is still `tree`: every blob verified (stamp, else hash),
+        every file the blob's own inode with its mode, every link and directory as listed, and
+        nothing more (a file replaced, added or removed below it, or a blob written through a
+        link of it, is found here; bgraph-out/ links such trees)."""
+        if self.verify_tree(tree):
+            return False
+        base = os.fspath(dest)
+        expected = {""}
+        try:
+            for path, entry in tree.entries.items():
+                parent = path
+                while (parent := parent.rpartition("/")[0]) and parent not in expected:
+                    expected.add(parent)
+                expected.add(path)
+                st = os.lstat(f"{base}/{path}")
+                if isinstance(entry, FileEntry):
+                    blob = self._blob_str(entry.digest) + (".x" if entry.executable else "")
+                    if not stat.S_ISREG(st.st_mode) or st.st_ino != os.stat(blob).st_ino:
+                        return False
+                elif isinstance(entry, SymlinkEntry):
+                    if not stat.S_ISLNK(st.st_mode) or os.readlink(f"{base}/{path}") != entry.target:
+                        return False
+                elif not stat.S_ISDIR(st.st_mode):
+                    return False
+            found = {""}
+            for dirpath, dirs, files in os.walk(base):
+                rel = dirpath[len(base) + 1:]
+                found.update(f"{rel}/{n}" if rel else n for n in (*dirs, *files))
+        except OSError:
+            return False
+        return found == expected
 
     def _restamp(self, blobs: set[Path]) -> None:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
