@@ -624,9 +624,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        console.print("[red]error:[/] " + _escape(_disk_full(args, e).render()), highlight=False)
+        if e.errno == errno.ENOSPC:
+            console.print("[red]error:[/] " + _escape(_disk_full(args, e).render()), highlight=False)
+            return 2
+        # One line, never a traceback: what failed and on which path.
+        where_ = f": {e.filename}" if e.filename else ""
+        console.print(f"[red]error:[/] {_escape(e.strerror or str(e))}{_escape(str(where_))}\n"
+                      "  hint: check that path (permissions, a file where a directory is expected, free space)",
+                      highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the store is consistent; finished actions are cached")

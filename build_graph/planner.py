@@ -37,6 +37,11 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
                              if os.path.isfile(p))
             if not matches:
                 raise LoadError(f"glob {pattern!r} matches no file", where=where(target.file, target.table, key))
+            for m in matches:
+                if not _utf8(m):  # a tree path is text: such a name cannot be keyed or mounted
+                    raise LoadError(f"glob {pattern!r} matches {m.encode('utf-8', 'surrogateescape')!r}, whose "
+                                    "name is not valid UTF-8", where=where(target.file, target.table, key),
+                                    hint="rename the file (e.g. `convmv -f latin1 -t utf-8`), or narrow the glob")
         else:
             if pattern not in virtual and not is_file(pattern):
                 raise LoadError(f"source file {pattern!r} does not exist", where=where(target.file, target.table, key))
@@ -46,6 +51,14 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
         have += new
         known.update(new)
     return out
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)

@@ -36,8 +36,15 @@ def under(root: Path, chosen: str) -> Path:
 
 def cache_root(flag: str | None, root: Path, configured: str | None) -> Path:
     """--cache-dir, else $BGRAPH_CACHE, else WORKSPACE.toml's [defaults] cache_dir (`configured`),
-    else ~/.cache/bgraph."""
-    return chosen_cache(flag, root) or under(root, configured or "~/.cache/bgraph")
+    else ~/.cache/bgraph; a LoadError naming the setting where that is something other than a
+    directory (it is made where missing)."""
+    path = chosen_cache(flag, root) or under(root, configured or "~/.cache/bgraph")
+    if os.path.lexists(path) and not path.is_dir():
+        source = ("--cache-dir" if flag else "$BGRAPH_CACHE" if os.environ.get("BGRAPH_CACHE")
+                  else "WORKSPACE.toml [defaults] cache_dir" if configured else "the default cache directory")
+        raise LoadError(f"{source} names {path}, which is not a directory",
+                        hint="give a directory for bgraph's cache (it is created where missing)")
+    return path
 
 
 def records_dir(flag: str | None, root: Path) -> Path | None:

@@ -51,6 +51,15 @@ CASES = {
     "bad query": ({"targets/p.toml": GENRULE}, ["query", "deps(//p:a"]),
     "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},
                            ["build", "--profile", "f.txt/p.json", "//p:a"]),
+    "cache dir is a file": ({"targets/p.toml": GENRULE, "f.txt": "a file\n"}, ["--cache-dir", "f.txt", "build", "//p:a"]),
+    "malformed Debian lock": ({"targets/d.toml": '[sys]\nkind = "deb_packages"\nlock = "d.lock.json"\n'
+                                                 'packages = ["hello"]\n',
+                               "d.lock.json": '{"lock_version": 1, "platforms": {"x86_64": 3, "aarch64": 3}}'},
+                              ["build", "//d:sys"]),
+    "Debian lock with a bad package entry": (
+        {"targets/d.toml": '[sys]\nkind = "deb_packages"\nlock = "d.lock.json"\npackages = ["hello"]\n',
+         "d.lock.json": '{"lock_version": 1, "platforms": {"x86_64": {"packages": [{"package": 1}]}, '
+                        '"aarch64": {"packages": [{"package": 1}]}}}'}, ["build", "//d:sys"]),
 }
 
 
@@ -89,3 +98,33 @@ def test_an_archive_entry_escaping_the_root(make_ws, tmp_path):
                   "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n\n[u]\nkind = "extract"\nsrc = ":x"\n'})
     run = ws.cli("build", "//p:u")
     assert run.rc == 1 and "escapes the archive root" in run.stderr and "Traceback" not in run.output
+
+
+@requires_bwrap
+def test_a_file_name_that_is_not_utf8(make_ws):
+    """A non-UTF-8 name a glob matches is one error naming it; elsewhere in the workspace it
+    changes nothing (every build and query ended in a TypeError)."""
+    ws = make_ws({"targets/p.toml": GENRULE + '\n[g]\nkind = "genrule"\nsrcs = ["d/*"]\nouts = ["o"]\n'
+                                              'cmd = "ls $SRC/d > $OUT/o"\n', "d/ok.txt": "x\n"})
+    (ws.root / "notes").mkdir()
+    with open(bytes(ws.root / "notes") + b"/caf\xe9.md", "w") as f:
+        f.write("latin-1 name\n")
+    for argv in (["build", "//p:a"], ["build", "//p:a"], ["query", "deps(//p:a)"]):
+        run = ws.cli(*argv)
+        assert run.rc == 0 and "Traceback" not in run.output, run.output
+    with open(bytes(ws.root / "d") + b"/caf\xe9.txt", "w") as f:
+        f.write("x\n")
+    run = ws.cli("build", "//p:g")
+    assert run.rc != 0 and "Traceback" not in run.output
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "not valid UTF-8" in errors[0] and "caf\\xe9" in errors[0], run.output
+
+
+@requires_bwrap
+def test_a_damaged_record_memo_or_kept_parse_is_ignored(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE})
+    assert ws.cli("build", "//p:a").rc == 0
+    for p in (ws.cache / "v1" / "uptodate").iterdir():
+        p.write_bytes(b"\x00garbage{")
+    run = ws.cli("build", "//p:a")
+    assert run.rc == 0 and "Traceback" not in run.output, run.output

@@ -91,12 +91,24 @@ def parse(text: str, where: str) -> dict[str, PlatformLock]:
         raise LockError(f"unknown lock_version {data.get('lock_version') if isinstance(data, dict) else None!r} "
                         f"(this bgraph reads {LOCK_VERSION})", where=where, hint="re-lock with `bgraph deb lock`")
     out: dict[str, PlatformLock] = {}
-    want = {f.name for f in fields(LockEntry)}
-    for platform, p in (data.get("platforms") or {}).items():
+    want = {f.name: f.type for f in fields(LockEntry)}
+    platforms = data.get("platforms") or {}
+    if not isinstance(platforms, dict):
+        raise LockError("'platforms' must be a table of platform -> lock", where=where,
+                        hint="re-lock with `bgraph deb lock`")
+    for platform, p in platforms.items():
+        if not isinstance(p, dict) or not isinstance(p.get("packages", []), list) or not all(
+                isinstance(x, list) and all(isinstance(v, str) for v in x)
+                for x in (p.get("roots", []), p.get("exclude", []))):
+            raise LockError(f"{platform}: malformed platform entry (packages, roots and exclude must be lists)",
+                            where=where, hint="re-lock with `bgraph deb lock`")
         entries = []
         for raw in p.get("packages", []):
-            if not isinstance(raw, dict) or set(raw) != want:
-                raise LockError(f"{platform}: malformed package entry {raw!r}", where=where)
+            if not isinstance(raw, dict) or set(raw) != set(want) or not all(
+                    isinstance(raw[k], int if t in (int, "int") else str) and not isinstance(raw[k], bool)
+                    for k, t in want.items()):
+                raise LockError(f"{platform}: malformed package entry {raw!r}", where=where,
+                                hint="re-lock with `bgraph deb lock`")
             e = LockEntry(**raw)
             if not _SHA256.match(str(e.sha256)) or not e.filename.endswith(".deb") or e.filename.startswith("/") \
                     or ".." in e.filename.split("/"):

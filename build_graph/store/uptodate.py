@@ -68,8 +68,8 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
     """Every file under `root` (relative path -> stamp), but bgraph-out/, .git/, __pycache__/
     and the directories in `skip` (absolute paths). A link is followed to its file (its text
     is part of the stamp); a link to a directory raises Unrecordable (what changes behind it
-    would go unseen). A name that is not valid UTF-8 raises Unrecordable too: the record is
-    JSON, and such a workspace is checked in full every time."""
+    would go unseen). A name that is not valid UTF-8 is kept as "\\0" and its bytes in hex (no
+    source can have such a name: planner.expand_sources refuses it)."""
     skipped = {str(root / "bgraph-out"), *skip}
     files: dict[str, Stamp] = {}
     prefix = len(str(root)) + 1
@@ -87,8 +87,8 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
                 if stat_mod.S_ISDIR(st[4]):
                     raise Unrecordable(f"{entry.path} links to a directory")
                 name = entry.path[prefix:]
-                if not name.isprintable() or _surrogate(name):
-                    raise Unrecordable(f"{entry.path!r} is not a UTF-8 name")
+                if _surrogate(name):  # the record is JSON: such a name is kept as its bytes in hex
+                    name = "\0" + name.encode("utf-8", "surrogateescape").hex()
                 files[name] = st
     return files
 
