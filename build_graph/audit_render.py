@@ -97,13 +97,59 @@ def audit_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def why_tree(prov, chains: dict[str, list[str]]):
+WHOLE_LISTED = 5  # more actions than this reading a file through one whole mount are counted, not listed
+
+
+def why_lines(prov) -> list:
+    """`bgraph why LABEL FILE` for people: notes, one summary line, then the tree (or why
+    there is none)."""
+    from rich.markup import escape
+
+    root = str(prov.root or prov.label)
+    lines: list = [f"note: {escape(prov.note)}"] if prov.note else []
+    for target, other in prov.foreign.items():
+        lines.append(f"note: the last build of {escape(target)} recorded in this cache ran in another workspace, "
+                     f"{escape(other)} (the cache is shared): the answer is that build's")
+    if not prov.recorded:
+        lines.append(escape(f"{root} has no recorded build: run `{prov.build_command or 'bgraph build ' + root}` first")
+                     + (escape(f" (its recorded builds: {', '.join(prov.other_configs)}; --platform chooses)")
+                        if prov.other_configs else ""))
+        return lines
+    unchecked = (f"; {prov.unchecked} action(s) not checked: what they read is no longer in the cache"
+                 if prov.unchecked else "")
+    if not prov.reads:
+        lines.append(escape(f"{root} reaches no action that read {prov.subject} "
+                            f"(no action of its last build read it{unchecked})"))
+        for p in prov.providers:
+            if p.label is not None and str(p.label) != root:
+                lines.append(escape(f"  {p.label} {'applies' if p.patch else 'holds'} it"
+                                    + (f" (changes {', '.join(sorted(p.files))})" if p.patch else "")))
+        return lines
+    tus = {(r.target, r.tu) for r in prov.reads if r.tu and not r.whole}
+    whole = sum(r.whole for r in prov.reads)
+    targets = sorted({str(p.label) for p in prov.providers if p.label is not None})
+    lines.append(escape(f"{root} reaches {prov.subject}" + (f" ({', '.join(targets)})" if targets else "")
+                        + f" through {len({r.target for r in prov.reads})} target(s), {len(tus)} TU(s), "
+                        f"{len(prov.reads)} action read(s)"
+                        + (f" ({whole} not narrowed: the action can read every file of the mount)" if whole else "")
+                        + f"{unchecked}:"))
+    lines.append(why_tree(prov))
+    return lines
+
+
+def why_tree(prov):
     """`bgraph why LABEL FILE` as a tree: LABEL, the targets down to each one whose actions read
-    the file, then TU, arch (or host side, or the configure) and the file with its patch."""
+    the file, then TU, arch (or host side, or the configure) and the file with its patch. An
+    action that is not narrowed (it mounts a tree whole: a custom command, the patch
+    application) reads all of that mount; more than a few such actions through one mount are
+    counted per step."""
+    from collections import Counter
+
     from rich.markup import escape
     from rich.tree import Tree as RichTree
 
-    root = RichTree(escape(str(prov.label)))
+    root_name = str(prov.root or prov.label)
+    root = RichTree(escape(root_name))
     nodes: dict[tuple, Any] = {(): root}
 
     def child(key: tuple, parent: tuple, text: str):
@@ -111,16 +157,35 @@ def why_tree(prov, chains: dict[str, list[str]]):
             nodes[key] = nodes[parent].add(escape(text))
         return key
 
-    for r in prov.reads:
+    def down_to(target: str) -> tuple:
         key: tuple = ()
-        for lab in chains.get(r.target, [str(prov.label), r.target])[1:]:
+        for lab in prov.chains.get(target, [root_name, target])[1:]:
             key = child(key + (lab,), key, lab)
+        return key
+
+    whole: dict[tuple, list] = {}
+    for r in prov.reads:
+        if r.whole:
+            whole.setdefault((r.target, r.mount, r.file, r.provider.via()), []).append(r)
+            continue
+        key = down_to(r.target)
         step = r.action.split(" ", 1)[0]
         if r.tu is not None:
             key = child(key + ("tu", r.tu), key, f"TU {r.tu}")
             key = child(key + ("arch", r.arch), key, f"arch {r.arch} ({step})" if r.arch else f"host ({step})")
         else:
             key = child(key + ("action", r.action), key, r.action)
-        via = r.provider.via()
-        child(key + ("file", r.file, via), key, f"{r.file} <- {via}")
+        child(key + ("file", r.file, r.provider.via()), key, f"{r.file} <- {r.provider.via()}")
+    for (target, mount, file, via), reads in whole.items():
+        key = down_to(target)
+        if len(reads) <= WHOLE_LISTED:
+            for r in reads:
+                at = child(key + ("action", r.action), key, r.action)
+                child(at + ("whole", mount, file, via), at, f"{file} <- {via} (reads all of {mount}, not narrowed)")
+        else:
+            steps = Counter(r.action.split(" ", 1)[0] for r in reads)
+            at = child(key + ("whole", mount), key,
+                       f"{len(reads)} actions that read all of {mount} (not narrowed): "
+                       + ", ".join(f"{step} x{n}" for step, n in sorted(steps.items())))
+            child(at + ("file", file, via), at, f"{file} <- {via}")
     return root

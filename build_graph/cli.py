@@ -247,10 +247,10 @@ def _workspace_path(ws: Workspace, text: str) -> str:
 
 
 def _why_file(args, ws: Workspace) -> int:
-    """`bgraph why LABEL FILE`: the path from LABEL through its targets, TUs and archs to the
-    recorded actions that read FILE (or the files the patch FILE changes)."""
-    from build_graph.audit_render import why_tree
-    from build_graph.graph import build_graph, somepath
+    """`bgraph why LABEL FILE`: the path from LABEL (in the configuration of its last build)
+    through its targets, TUs and archs to the recorded actions that read FILE (or the files
+    the patch FILE changes): provenance.py finds them, audit_render.py writes them."""
+    from build_graph.audit_render import why_lines
     from build_graph.model import Digester
     from build_graph.provenance import Finder
 
@@ -258,61 +258,63 @@ def _why_file(args, ws: Workspace) -> int:
     ws.target(label)
     subject = _workspace_path(ws, args.dest)
     base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name
-    prov = Finder(ws, base).find(label, subject)
+    prov = Finder(ws, base).find(label, subject, args.platform)
     if args.json:
         print(json.dumps(prov.to_json(), indent=1))
         return 0 if prov.reads else 1
     out = _stdout()
-    if not prov.reads:
-        why = ("no recorded build of it: run `bgraph build " + str(label) + "` first" if not prov.recorded
-               else "no action of its last build read it")
-        out.print(f"{label} reaches no action that read {subject} ({why})", highlight=False)
-        for p in prov.providers:
-            if p.label is not None and p.label != label:
-                out.print(f"  {p.label} {'applies' if p.patch else 'holds'} it"
-                          + (f" (changes {', '.join(sorted(p.files))})" if p.patch else ""), highlight=False)
-        return 1
-    g = build_graph(ws)
-    chains = {r.target: [str(x) for x in somepath(g, label, parse_label(r.target.split(" ")[0]))] or
-              [str(label), r.target] for r in prov.reads}
-    tus = {(r.target, r.tu) for r in prov.reads if r.tu}
-    targets = sorted({str(p.label) for p in prov.providers if p.label is not None})
-    out.print(f"{label} reaches {subject}" + (f" ({', '.join(targets)})" if targets else "")
-              + f" through {len({r.target for r in prov.reads})} target(s), {len(tus)} TU(s), "
-              f"{len(prov.reads)} action read(s):", highlight=False)
     if not out.is_terminal:
         out.width = 100_000  # piped: whole paths on each line (rich would cut them at 80 columns)
-    out.print(why_tree(prov, chains))
-    return 0
+    for line in why_lines(prov):
+        out.print(line, highlight=False)
+    return 0 if prov.reads else 1
 
 
 def cmd_explain(args, console: Console) -> int:
     from build_graph import configs
     from build_graph.model import Digester
+    from build_graph.provenance import configured, trace_workspace
     from build_graph.report import render_explain
     from build_graph.store.trace import Trace
 
     ws = _workspace(args)
-    ws.target(parse_label(args.label))
-    # the label in the configuration a build of it has (its own platform, or --platform's)
-    [label] = configs.requested(ws, [parse_label(args.label)], None, args.platform)
+    asked = parse_label(args.label)
+    ws.target(asked)
     base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name
-    trace = Trace(base, base.parent / "tmp")
+    trace = Trace(base, base.parent / "tmp", create=False)
+    # The label in the configuration of its last build: --platform's, else its own platform's;
+    # else the one other configuration it was built in (under an aarch64 wheel), said so.
+    label, forced, note, others = configured(ws, trace, asked, args.platform)
     data = trace.load(str(label))
+    notes = [note] if note else []
+    if not data and others:
+        notes.append(f"{label} has no recorded build; its recorded builds: {', '.join(others)} "
+                     "(--platform chooses)")
+    foreign = trace_workspace(data, ws)
+    if foreign:
+        notes.append(f"the last build of {label} recorded in this cache ran in another workspace, {foreign} "
+                     "(the cache is shared): shown is that build, not this workspace's")
     if args.json:
+        for n in notes:
+            console.print("note: " + _escape(n), highlight=False)
         print(json.dumps(data.get("last_build", []), indent=1))
         return 0
     out = _stdout()
+    for n in notes:
+        out.print("note: " + _escape(n), highlight=False)
     render_explain(str(label), data, out, args.all)
     # Then each dependency whose last build ran something: the causes usually live there
     # (a patched header recompiles TUs of the imported CMake project under a wheel).
     quiet = 0
-    for dep in reversed(configs.configure(ws, [label], args.platform).order):
+    for dep in reversed(configs.configure(ws, [label], forced).order):
         if dep == label:
             continue
         dep_data = trace.load(str(dep))
         if any(r.get("status") == "executed" for r in dep_data.get("last_build", [])):
             render_explain(str(dep), dep_data, out, args.all)
+            other = trace_workspace(dep_data, ws)
+            if other:
+                out.print(f"  note: recorded by a build in another workspace, {_escape(other)}", highlight=False)
         else:
             quiet += 1
     if quiet:
@@ -536,6 +538,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("source")
     w.add_argument("dest", help="a label, or a patch or file path")
     w.add_argument("--json", action="store_true", help="(patch or file) the reading actions as JSON")
+    w.add_argument("--platform", choices=["x86_64", "aarch64"],
+                   help="(patch or file) the last build of A for this platform (as build's; default: A's own)")
     w.set_defaults(fn=cmd_why)
 
     e = sub.add_parser("explain", help="what ran in the last build of LABEL, and why")

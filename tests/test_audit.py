@@ -304,12 +304,18 @@ def test_text_report_has_one_line_per_patch_then_its_hunks(ws, report):
 def test_why_reaches_down_to_tu_and_arch(ws, report):
     run = ws.cli("why", "--json", "//t:lib", P1)
     assert run.rc == 0, run.output
-    reads = {(r["target"], r["tu"], r["arch"], r["file"], r["provider"]) for r in run.json["reads"]}
+    reads = {(r["target"], r["tu"], r["arch"], r["file"], r["provider"]) for r in run.json["reads"] if r["narrowed"]}
     assert reads == {("//t:lib", "k/a.cu", arch, "k.cuh", "//t:hdrs") for arch in ("120a", "121a", None)}
+    # The patch application reads the patch (it mounts the patches whole: not narrowed).
+    assert [(r["target"], r["action"], r["file"]) for r in run.json["reads"] if not r["narrowed"]] == \
+        [("//t:hdrs", "apply patches", P1)]
     text = ws.cli("why", "//t:lib", P1).stdout
-    assert "//t:lib reaches patches/t/0001-k.patch (//t:hdrs) through 1 target(s), 1 TU(s), 3 action read(s):" in text
-    for line in ("└── TU k/a.cu", "arch 121a (devpp)", "arch 120a (devpp)", "host (hostpp)",
-                 "k.cuh <- patches/t/0001-k.patch, applied by //t:hdrs"):
+    assert ("//t:lib reaches patches/t/0001-k.patch (//t:hdrs) through 2 target(s), 1 TU(s), 4 action read(s) "
+            "(1 not narrowed" in text), text
+    for line in ("TU k/a.cu", "arch 121a (devpp)", "arch 120a (devpp)", "host (hostpp)",
+                 "k.cuh <- patches/t/0001-k.patch, applied by //t:hdrs",
+                 "//t:hdrs\n    └── apply patches\n        └── patches/t/0001-k.patch <- from //t:hdrs (reads all of "
+                 "/bgraph/src, not narrowed)"):
         assert line in text, text
     # A workspace file read by the TU, and a label as before.
     assert "k/a.cu <- from //t:lib" in ws.cli("why", "//t:lib", "k/a.cu").stdout
