@@ -73,6 +73,8 @@ def cmd_build(args, console: Console) -> int:
         overrides["upload"] = True
     if args.remote_trusted_key:
         overrides["trusted_keys"] = args.remote_trusted_key
+    if args.remote_allow_unsigned:
+        overrides["allow_unsigned"] = True
     remote = remote_settings(ws, overrides)
     options = BuildOptions(
         remote=remote if remote.url else None,
@@ -522,6 +524,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--remote-signing-key", metavar="FILE", help="ed25519 private key that signs uploaded results")
     b.add_argument("--remote-trusted-key", metavar="HEX", action="append",
                    help="accept only remote results signed by this ed25519 public key (repeatable)")
+    b.add_argument("--remote-allow-unsigned", action="store_true",
+                   help="use a remote cache that has no trusted keys: its results are taken whoever wrote them")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("--profile", metavar="FILE",
                    help="write the build's timeline to FILE (Chrome trace format: open it in Perfetto or chrome://tracing)")

@@ -58,6 +58,9 @@ class RemoteSection(Strict):
     upload: bool = Field(False, description="write results to the remote (meant for CI; or --remote-upload)")
     trusted_keys: list[str] = Field(default_factory=list,
                                     description="ed25519 public keys (hex): when set, only results one of them signed are used")
+    allow_unsigned: bool = Field(False, description="use a remote without trusted_keys, whoever wrote its results "
+                                                    "(or --remote-allow-unsigned); without either, such a remote "
+                                                    "is an error")
     signing_key: str | None = Field(None, description="file with the ed25519 private key that signs uploads "
                                                       "(user config only: never commit it)")
     timeout_s: float = Field(10.0, gt=0, description="seconds per request")

@@ -285,8 +285,8 @@ def test_members_under_a_symlinked_directory_are_refused(cas, make):
     elif make == "zip":
         data, name, entry = make_zip([("d", b"sub", 0o120777), ("d/f", b"x", 0o100644)]), "t.whl", "d/f"
     else:
-        data, name, entry = make_deb([("./usr/lib64", "sym", "lib", 0o777), ("./usr/lib64/ld.so", "file", b"x", 0o755)]), \
-            "t_1_amd64.deb", "usr/lib64/ld.so"
+        data = make_deb([("./usr/lib64", "sym", "lib", 0o777), ("./usr/lib64/ld.so", "file", b"x", 0o755)])
+        name, entry = "t_1_amd64.deb", "usr/lib64/ld.so"
     with pytest.raises(ArchiveError) as info:
         run_extract(cas, data, name)
     assert f"entry {entry!r} lies below symlink" in str(info.value)
@@ -338,10 +338,12 @@ def test_usual_relative_links_extract_and_materialize(cas):
     # The same links in a tar (an sdist) and a zip (a wheel).
     plain = [(n[2:], k, p if not (k == "sym" and p.startswith("/")) else "../../../x86_64-linux-gnu/libfoo.so", m)
              for n, k, p, m in USUAL_LINKS]
-    assert run_extract(cas, make_tar(plain, mode="w:bz2"), "foo.tar.bz2").entries["usr/bin/foo"] == SymlinkEntry("foo-12")
+    sdist = run_extract(cas, make_tar(plain, mode="w:bz2"), "foo.tar.bz2")
+    assert sdist.entries["usr/bin/foo"] == SymlinkEntry("foo-12")
     wheel = make_zip([(n, p if k == "file" else p.encode(), (0o100644 if k == "file" else 0o120777))
                       for n, k, p, _m in plain])
-    assert run_extract(cas, wheel, "foo.whl").entries["usr/lib/x86_64-linux-gnu/libfoo.so"] == SymlinkEntry("libfoo.so.1")
+    unzipped = run_extract(cas, wheel, "foo.whl")
+    assert unzipped.entries["usr/lib/x86_64-linux-gnu/libfoo.so"] == SymlinkEntry("libfoo.so.1")
 
 
 def blobs(cas: LocalCas) -> set[str]:

@@ -40,7 +40,7 @@ def test_a_debian_13_root_runs_nothing_and_gets_identical_outputs(tmp_path):
         host_ws = workspace_copy(tmp_path / "ws")
         host = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(host_ws), "--cache-dir",
                                str(tmp_path / "cache"), "build", "--json", "-j2", "--remote-cache", nginx.url,
-                               "--remote-upload", *LABELS], capture_output=True, text=True, env=hermetic_env())
+                               "--remote-allow-unsigned", "--remote-upload", *LABELS], capture_output=True, text=True, env=hermetic_env())
         assert host.returncode == 0, host.stderr[-3000:]
         host_summary = json.loads(host.stdout)
 
@@ -49,7 +49,8 @@ def test_a_debian_13_root_runs_nothing_and_gets_identical_outputs(tmp_path):
         gcc = run_in(root, ["sh", "-c", "command -v gcc || echo none"]).stdout.strip()
         assert gcc == "none"  # nothing to compile with there but what the graph brings
         install_bgraph(root)
-        run = bgraph_in(root, "build", "--json", "--remote-cache", nginx.url, *LABELS, timeout=1800)
+        run = bgraph_in(root, "build", "--json", "--remote-cache", nginx.url, "--remote-allow-unsigned", *LABELS,
+                        timeout=1800)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         summary = json.loads(run.stdout)
         assert summary["executed"] == 0, [a["name"] for a in summary["actions"] if a["status"] == "executed"][:20]

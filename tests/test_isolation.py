@@ -34,7 +34,7 @@ def test_a_config_the_test_writes_is_private_to_the_session(make_ws):
     the feature. The build warns about the dead remote and builds locally."""
     path = _config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('[remote]\nurl = "http://127.0.0.1:9/nothing-listens"\ntimeout_s = 1\n')
+    path.write_text('[remote]\nurl = "http://127.0.0.1:9/nothing-listens"\ntimeout_s = 1\nallow_unsigned = true\n')
     try:
         ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo a > $OUT/o"\n'})
         run = ws.build("//p:a")

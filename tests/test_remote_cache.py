@@ -15,6 +15,19 @@ from remote_servers import Nginx, SilentServer, free_port, requires_nginx
 
 pytestmark = [requires_bwrap, requires_nginx]
 
+OPEN = ("--remote-allow-unsigned",)  # a remote without trusted keys, allowed (one warning line)
+
+
+def _public_key() -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
+                                                                  serialization.PublicFormat.Raw).hex()
+
+
+KEYED = ("--remote-trusted-key", _public_key())  # trusts a key that signed nothing: no warning about trust
+
 FILES = {
     "in.txt": "alpha\nbeta\n",
     "targets/p.toml": '''[a]
@@ -51,30 +64,31 @@ def outputs(summary) -> dict[str, str]:
 
 def test_a_fresh_cache_in_another_directory_runs_nothing(make_ws, nginx):
     first = make_ws(FILES, name="one")
-    up = build(first, "--remote-cache", nginx.url, "--remote-upload")
+    up = build(first, "--remote-cache", nginx.url, *OPEN, "--remote-upload")
     assert up.json["executed"] == 2 and up.json["remote"]["uploaded"] == 2
     assert len(nginx.files("ac")) == 2 and nginx.files("cas")
     second = make_ws(FILES, name="elsewhere")  # another workspace dir, another (empty) cache
-    down = build(second, "--remote-cache", nginx.url)
+    down = build(second, "--remote-cache", nginx.url, *OPEN)
     assert down.json["executed"] == 0 and down.json["remote"]["hits"] == 2
     assert outputs(down.json) == outputs(up.json)
     for path in ("b.txt", "sub/c.txt"):
         assert second.read_output("//p:b", path) == first.read_output("//p:b", path)
     assert second.cli("cache", "verify").rc == 0
     # The hits were filed locally: the remote is not needed any more.
-    assert build(second, "--remote-cache", "http://127.0.0.1:9/none").json["executed"] == 0
+    assert build(second, "--remote-cache", "http://127.0.0.1:9/none", *OPEN).json["executed"] == 0
 
 
 def test_builds_only_read_unless_told_to_upload(make_ws, nginx):
     ws = make_ws(FILES)
-    run = build(ws, "--remote-cache", nginx.url)
+    run = build(ws, "--remote-cache", nginx.url, *OPEN)
     assert run.json["remote"]["misses"] == 2 and run.json["remote"]["uploaded"] == 0
     assert nginx.files("ac") == [] and nginx.files("cas") == []
 
 
 def test_the_remote_can_come_from_workspace_toml_and_user_config(make_ws, nginx, tmp_path):
     ws = make_ws(FILES)
-    ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + f'\n[remote]\nurl = "{nginx.url}"\n'})
+    ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + f'\n[remote]\nurl = "{nginx.url}"\n'
+                                                                             'allow_unsigned = true\n'})
     config = tmp_path / "config.toml"
     config.write_text("[remote]\nupload = true\n")
     run = ws.build("//p:b", env={"BGRAPH_CONFIG": str(config)})
@@ -93,7 +107,7 @@ def test_an_unusable_remote_costs_one_warning_and_the_build_succeeds(make_ws, ng
     if fault == "hung":  # a short timeout, from WORKSPACE.toml
         ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + "\n[remote]\ntimeout_s = 1\n"})
     start = time.monotonic()
-    run = ws.build("//p:b", args=("--remote-cache", url, "--remote-upload"))
+    run = ws.build("//p:b", args=("--remote-cache", url, "--remote-upload", *KEYED))
     took = time.monotonic() - start
     if silent:
         assert silent.accepted <= 4  # the circuit breaker stopped calling it (3 failures, 2 threads)
@@ -115,10 +129,10 @@ def corrupt_remote(nginx, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "flipped"])
 def test_wrong_remote_bytes_never_enter_the_local_store(make_ws, nginx, how):
-    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, "--remote-upload")
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
     corrupt_remote(nginx, how)
     reader = make_ws(FILES, name="reader")
-    run = build(reader, "--remote-cache", nginx.url)
+    run = build(reader, "--remote-cache", nginx.url, *OPEN)
     assert run.json["executed"] == 2 and run.json["remote"]["ignored"] >= 1
     assert "ignored the entry" in run.stderr and "building it here" in run.stderr
     assert reader.read_output("//p:b", "b.txt").strip() == "2"
@@ -134,9 +148,9 @@ def forge(nginx, change) -> None:
 
 
 def test_an_entry_naming_outputs_the_remote_lacks_is_a_miss(make_ws, nginx):
-    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, "--remote-upload")
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
     forge(nginx, lambda env: env["body"].update(output_tree="0" * 64))
-    run = build(make_ws(FILES, name="reader"), "--remote-cache", nginx.url)
+    run = build(make_ws(FILES, name="reader"), "--remote-cache", nginx.url, *OPEN)
     assert run.json["executed"] == 2 and "missing from the remote" in run.stderr
 
 
@@ -151,7 +165,7 @@ def test_signed_results_are_used_and_forged_ones_are_ignored(make_ws, nginx, tmp
     again = make_ws({}, name="keys2").cli("cache", "keygen", str(ci_key))
     assert again.rc == 2 and "not overwriting" in again.stderr
     writer = make_ws(FILES, name="writer")
-    build(writer, "--remote-cache", nginx.url, "--remote-upload", "--remote-signing-key", str(ci_key))
+    build(writer, "--remote-cache", nginx.url, *OPEN, "--remote-upload", "--remote-signing-key", str(ci_key))
     trusted = ("--remote-cache", nginx.url, "--remote-trusted-key", ci_pub)
     ok = build(make_ws(FILES, name="reader1"), *trusted)
     assert ok.json["executed"] == 0 and ok.json["remote"]["hits"] == 2
@@ -177,12 +191,178 @@ def test_cuda_kernels_come_from_the_remote_with_no_compile(tmp_path, nginx):
 
     one = write_workspace(tmp_path / "one" / "ws", archs='["12.1a"]')
     two = write_workspace(tmp_path / "two" / "other", archs='["12.1a"]')
-    up = cuda_build(one, tmp_path / "cache1", "--remote-cache", nginx.url, "--remote-upload")
+    up = cuda_build(one, tmp_path / "cache1", "--remote-cache", nginx.url, *OPEN, "--remote-upload")
     assert up["executed"] > 10
-    down = cuda_build(two, tmp_path / "cache2", "--remote-cache", nginx.url)
+    down = cuda_build(two, tmp_path / "cache2", "--remote-cache", nginx.url, *OPEN)
     assert down["executed"] == 0, [a["name"] for a in down["actions"] if a["status"] == "executed"]
     assert archive_bytes(one) == archive_bytes(two)
     shutil.rmtree(tmp_path / "cache2")
+
+
+# -- trust: a remote with no trusted keys only when allowed; who signed a pulled result ---------------
+def test_a_remote_without_trusted_keys_is_refused_unless_allowed(make_ws, nginx, tmp_path):
+    ws = make_ws(FILES)
+    refused = ws.build("//p:b", args=("--remote-cache", nginx.url))
+    assert refused.rc == 2 and "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: remote cache {nginx.url} has no trusted_keys: its results would be used whoever "
+                      "wrote them"], refused.stderr
+    assert "hint:" in refused.stderr and "trusted_keys" in refused.stderr
+    assert "allow_unsigned = true" in refused.stderr and "--remote-allow-unsigned" in refused.stderr
+    assert not (ws.root / "bgraph-out").exists()
+    # Allowed by the flag: one warning line for the whole build, however many results it reads or writes.
+    up = build(ws, "--remote-cache", nginx.url, *OPEN, "--remote-upload")
+    assert up.json["remote"]["uploaded"] == 2
+    assert up.stderr.count("allow_unsigned is on") == 1, up.stderr
+    down = build(make_ws(FILES, name="reader"), "--remote-cache", nginx.url, *OPEN)
+    assert down.json["remote"]["hits"] == 2 and down.stderr.count("allow_unsigned is on") == 1, down.stderr
+    # Allowed by the user's config ([remote] allow_unsigned = true).
+    config = tmp_path / "config.toml"
+    config.write_text(f'[remote]\nurl = "{nginx.url}"\nallow_unsigned = true\n')
+    third = make_ws(FILES, name="third")
+    run = third.build("//p:b", env={"BGRAPH_CONFIG": str(config)})
+    assert run.rc == 0 and run.json["remote"]["hits"] == 2 and run.stderr.count("allow_unsigned is on") == 1
+    # Trusted keys win: allow_unsigned then changes nothing, and there is nothing to warn about.
+    keyed = make_ws(FILES, name="keyed").build("//p:b", args=(*KEYED,), env={"BGRAPH_CONFIG": str(config)})
+    assert keyed.rc == 0 and keyed.json["executed"] == 2 and "allow_unsigned is on" not in keyed.stderr
+    assert "unsigned" in keyed.stderr  # the unsigned entries were ignored (one warning line)
+
+
+def pulled_records(ws) -> dict[str, dict]:
+    root = ws.store / "pulled"
+    return {p.parent.name + p.stem: json.loads(p.read_text()) for p in root.rglob("*.json")} if root.exists() else {}
+
+
+def test_trusting_keys_later_drops_unsigned_pulled_results(make_ws, nginx):
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
+    reader = make_ws(FILES, name="reader")
+    pulled = build(reader, "--remote-cache", nginx.url, *OPEN)
+    assert pulled.json["executed"] == 0 and pulled.json["remote"]["hits"] == 2
+    records = pulled_records(reader)
+    assert set(records) == {a["key"] for a in pulled.json["actions"]}
+    assert {r["signer"] for r in records.values()} == {"unsigned"}
+    # Keys trusted now: the unsigned results pulled before are dropped (one warning line), the
+    # remote's copies are ignored (unsigned), and both actions run here.
+    trusted = reader.build("//p:b", args=("--remote-cache", nginx.url, *KEYED))
+    assert trusted.rc == 0, trusted.stderr
+    assert trusted.json["executed"] == 2 and trusted.json["remote"]["dropped"] == 2
+    assert trusted.stderr.count("dropped results pulled earlier") == 1, trusted.stderr
+    assert "unsigned" in trusted.stderr
+    assert pulled_records(reader) == {}
+    assert reader.read_output("//p:b", "b.txt").strip() == "2"
+    # What was built here stays: the next build under the same trust runs nothing and drops nothing.
+    again = reader.build("//p:b", args=("--remote-cache", nginx.url, *KEYED))
+    assert again.json["executed"] == 0 and again.json["remote"]["dropped"] == 0
+    # And without a remote, the local cache is used as it is.
+    assert reader.build("//p:b").json["executed"] == 0
+
+
+def test_a_pulled_result_keeps_who_signed_it(make_ws, nginx, tmp_path):
+    from build_graph.store.signing import generate_key
+
+    ci_pub, other_pub = generate_key(tmp_path / "ci.key"), generate_key(tmp_path / "other.key")
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, "--remote-trusted-key", ci_pub,
+          "--remote-upload", "--remote-signing-key", str(tmp_path / "ci.key"))
+    # Pulled while unsigned results were allowed: still recorded as signed by CI's key (the
+    # signature was checked against the key it names), so trusting that key later keeps them.
+    reader = make_ws(FILES, name="reader")
+    assert build(reader, "--remote-cache", nginx.url, *OPEN).json["remote"]["hits"] == 2
+    assert {r["signer"] for r in pulled_records(reader).values()} == {ci_pub}
+    kept = build(reader, "--remote-cache", nginx.url, "--remote-trusted-key", ci_pub)
+    assert kept.json["executed"] == 0 and kept.json["remote"]["dropped"] == 0
+    # CI's key taken out of the trusted ones: what it signed is dropped, and built here.
+    dropped = build(reader, "--remote-cache", nginx.url, "--remote-trusted-key", other_pub)
+    assert dropped.json["executed"] == 2 and dropped.json["remote"]["dropped"] == 2
+    assert f"signed by {ci_pub[:16]}…, a key not trusted now" in dropped.stderr
+
+
+# -- bodies are read with a limit -------------------------------------------------------------------------
+def local_blobs(ws) -> set[bytes]:
+    return {p.read_bytes() for p in (ws.store / "cas").rglob("*") if p.is_file()}
+
+
+def test_an_oversized_blob_is_refused_and_nothing_is_stored(make_ws, nginx):
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
+    tail = b"OVERSIZED" * 200_000  # 1.8 MB past the size each blob's digest names
+    for p in nginx.files("cas"):
+        p.write_bytes(p.read_bytes() + tail)
+    reader = make_ws(FILES, name="reader")
+    run = build(reader, "--remote-cache", nginx.url, *OPEN)
+    assert run.json["executed"] == 2 and run.json["remote"]["hits"] == 0 and run.json["remote"]["ignored"] >= 1
+    assert "bytes its digest names; not read further" in run.stderr, run.stderr
+    assert "ignored the entry" in run.stderr and "Traceback" not in run.stderr
+    assert pulled_records(reader) == {}
+    assert not any(tail[:4096] in data for data in local_blobs(reader))
+    assert reader.cli("cache", "verify").rc == 0
+
+
+def test_an_oversized_entry_is_refused(make_ws, nginx):
+    from build_graph.store.remote import MAX_ENTRY_BYTES
+
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
+    for p in nginx.files("ac"):
+        p.write_bytes(p.read_bytes()[:-1] + b" " * MAX_ENTRY_BYTES + b"}")  # still valid JSON, too big
+    reader = make_ws(FILES, name="reader")
+    run = build(reader, "--remote-cache", nginx.url, *OPEN)
+    assert run.json["executed"] == 2 and run.json["remote"]["hits"] == 0
+    assert f"its entry is larger than the {MAX_ENTRY_BYTES >> 20} MiB an entry can have" in run.stderr, run.stderr
+    assert pulled_records(reader) == {}
+
+
+class EndlessServer:
+    """Answers every GET with 200 and a body that never ends (chunked, no Content-Length), or
+    with a Content-Length far over any limit; counts what it sent."""
+
+    def __init__(self, announce: bool):
+        import socketserver
+        import threading
+
+        server = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                self.rfile.readline()
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                head = "Content-Length: 10000000000\r\n" if announce else "Transfer-Encoding: chunked\r\n"
+                self.wfile.write(f"HTTP/1.1 200 OK\r\n{head}\r\n".encode())
+                chunk = b"x" * 65536
+                try:
+                    while server.sent < 1 << 30:
+                        self.wfile.write(chunk if announce else b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        server.sent += len(chunk)
+                except OSError:
+                    pass
+
+        self.sent = 0
+        self.httpd = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/cache"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("announce", [False, True])
+def test_an_endless_body_is_cut_at_its_limit(announce):
+    from build_graph.store.remote import MAX_ENTRY_BYTES, BodyTooLarge, HttpRemote
+
+    server = EndlessServer(announce)
+    try:
+        remote = HttpRemote(server.url, timeout_s=5)
+        start = time.monotonic()
+        with pytest.raises(BodyTooLarge, match=r"/cas/abc is (over the 1000 bytes|10000000000 bytes, over the 1000)"):
+            remote.get_blob("abc", 1000)
+        with pytest.raises(BodyTooLarge):
+            remote.get_entry("k" * 64)
+        assert time.monotonic() - start < 20
+        assert server.sent < MAX_ENTRY_BYTES + (48 << 20)  # it stopped reading (less socket buffers): not 1 GiB
+        assert not remote.breaker.open
+    finally:
+        server.stop()
 
 
 # -- REAPI v2 against a real BuildGrid 0.9.1 ---------------------------------------------------------
@@ -254,11 +434,11 @@ cmd = "head -c 6000000 /dev/zero | tr '\\\\0' b > $OUT/big.bin"
 
 def test_reapi_a_fresh_cache_in_another_directory_runs_nothing(make_ws, buildgrid):
     first = sha256_ws(make_ws, "one", BIG)
-    up = first.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url, "--remote-upload"))
+    up = first.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url, *OPEN, "--remote-upload"))
     assert up.rc == 0, up.stderr
     assert up.json["executed"] == 3 and up.json["remote"]["uploaded"] == 3
     second = sha256_ws(make_ws, "elsewhere", BIG)
-    down = second.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url))
+    down = second.build("//p:b", "//big:big", args=("--remote-cache", buildgrid.url, *OPEN))
     assert down.rc == 0, down.stderr
     assert down.json["executed"] == 0 and down.json["remote"]["hits"] == 3
     assert outputs(down.json) == outputs(up.json)
@@ -269,14 +449,14 @@ def test_reapi_a_fresh_cache_in_another_directory_runs_nothing(make_ws, buildgri
 
 def test_reapi_needs_the_servers_digest_function(make_ws, buildgrid):
     ws = make_ws(FILES)  # blake3, which BuildGrid does not offer
-    run = ws.build("//p:b", args=("--remote-cache", buildgrid.url))
+    run = ws.build("//p:b", args=("--remote-cache", buildgrid.url, *OPEN))
     assert run.rc == 2 and "offers digest functions sha256, not blake3" in run.stderr
     assert 'digest_function = "sha256"' in run.stderr and "Traceback" not in run.stderr
 
 
 def test_reapi_server_down_costs_one_warning(make_ws):
     ws = sha256_ws(make_ws, "alone")
-    run = ws.build("//p:b", args=("--remote-cache", f"grpc://127.0.0.1:{free_port()}", "--remote-upload"))
+    run = ws.build("//p:b", args=("--remote-cache", f"grpc://127.0.0.1:{free_port()}", "--remote-upload", *KEYED))
     assert run.rc == 0, run.stderr
     assert run.json["executed"] == 2
     assert run.stderr.count("remote cache") == 1 and "unavailable" in run.stderr
@@ -292,7 +472,7 @@ def test_reapi_signed_entries_and_poisoned_ones(make_ws, buildgrid, tmp_path):
     pub = generate_key(key)
     signed_input = {"in.txt": "signed\nentries\n"}
     writer = sha256_ws(make_ws, "writer", signed_input)
-    up = writer.build("//p:b", args=("--remote-cache", buildgrid.url, "--remote-upload",
+    up = writer.build("//p:b", args=("--remote-cache", buildgrid.url, *OPEN, "--remote-upload",
                                      "--remote-signing-key", str(key)))
     assert up.rc == 0 and up.json["remote"]["uploaded"] == 2
     trusted = ("--remote-cache", buildgrid.url, "--remote-trusted-key", pub)
@@ -315,14 +495,14 @@ def test_a_warm_local_cache_fills_the_remote_without_running_anything(make_ws, n
     warm = make_ws(FILES, name="laptop")
     first = warm.build("//p:b")
     assert first.rc == 0 and first.json["executed"] == 2
-    pushed = warm.build("//p:b", args=("--remote-cache", nginx.url, "--remote-upload"))
+    pushed = warm.build("//p:b", args=("--remote-cache", nginx.url, *OPEN, "--remote-upload"))
     assert pushed.rc == 0, pushed.stderr
     assert pushed.json["executed"] == 0 and pushed.json["remote"]["backfilled"] == 2
     assert len(nginx.files("ac")) == 2
-    again = warm.build("//p:b", args=("--remote-cache", nginx.url, "--remote-upload"))
+    again = warm.build("//p:b", args=("--remote-cache", nginx.url, *OPEN, "--remote-upload"))
     assert again.json["remote"]["backfilled"] == 0  # the remote has them now: nothing sent twice
     fresh = make_ws(FILES, name="ci")
-    pulled = fresh.build("//p:b", args=("--remote-cache", nginx.url))
+    pulled = fresh.build("//p:b", args=("--remote-cache", nginx.url, *OPEN))
     assert pulled.json["executed"] == 0 and pulled.json["remote"]["hits"] == 2
     assert fresh.read_output("//p:b", "b.txt") == warm.read_output("//p:b", "b.txt")
 
@@ -330,5 +510,5 @@ def test_a_warm_local_cache_fills_the_remote_without_running_anything(make_ws, n
 def test_reading_builds_never_backfill(make_ws, nginx):
     warm = make_ws(FILES)
     assert warm.build("//p:b").rc == 0
-    read_only = warm.build("//p:b", args=("--remote-cache", nginx.url))
+    read_only = warm.build("//p:b", args=("--remote-cache", nginx.url, *OPEN))
     assert read_only.json["remote"]["backfilled"] == 0 and nginx.files("ac") == []

@@ -16,6 +16,8 @@ from build_graph.store.signing import Signer, Trust, generate_key, signed_messag
 class DictRemote:
     """The RemoteCache protocol over two dicts: what a cache server stores, nothing more."""
 
+    url = "dict://"
+
     def __init__(self):
         self.blobs: dict[str, bytes] = {}
         self.entries: dict[str, bytes] = {}
@@ -80,3 +82,76 @@ def test_hostile_signature_fields_cost_one_warning(tmp_path, keypair, sig, pub):
 
 def test_signed_message_binds_the_key():
     assert signed_message("a", "result", {}) != signed_message("b", "result", {})
+
+
+def test_no_trusted_keys_accepts_nothing_unless_unsigned_is_allowed(keypair):
+    signer, public = keypair
+    message = signed_message("k", "result", {})
+    assert Trust([]).check(message, None, None) is not None
+    assert not Trust([]).accepts("unsigned") and not Trust([]).accepts(public)
+    allowed = Trust([], allow_unsigned=True)
+    assert allowed.check(message, None, None) is None and allowed.accepts("unsigned") and allowed.accepts(public)
+    # Keys win over allow_unsigned.
+    keyed = Trust([public], allow_unsigned=True)
+    assert not keyed.allow_unsigned and keyed.check(message, None, None) == "unsigned"
+    assert keyed.accepts(public) and not keyed.accepts("unsigned")
+
+
+def test_signer_is_the_key_whose_signature_verifies(keypair):
+    signer, public = keypair
+    message = signed_message("k", "result", {"x": 1})
+    sig = signer.sign(message)
+    for trust in (Trust([]), Trust([public]), Trust(["11" * 32])):  # trusted or not: it says who signed
+        assert trust.signer(message, sig, public) == public
+        assert trust.signer(message, sig, public.upper()) == public
+        assert trust.signer(signed_message("other", "result", {"x": 1}), sig, public) == "unsigned"
+        assert trust.signer(message, None, None) == "unsigned"
+        assert trust.signer(message, 5, ["x"]) == "unsigned"
+        assert trust.signer(message, sig, "zz") == "unsigned"
+
+
+def result_in(cache: LayeredActionCache) -> ActionResult:
+    return ActionResult(output_tree=cache.cas.put_tree(EMPTY_TREE), exit_code=0,
+                        stdout=cache.cas.put_bytes(b"").digest, stderr=cache.cas.put_bytes(b"").digest,
+                        duration_s=0.25)
+
+
+def test_a_result_pulled_unsigned_is_dropped_once_keys_are_trusted(tmp_path, keypair):
+    _, public = keypair
+    remote, warnings = DictRemote(), []
+    writer = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings, upload=True)
+    result = result_in(writer)
+    writer.put("k" * 64, result)
+    # A reader pulls it while unsigned results are allowed...
+    reader = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings)
+    assert reader.get("k" * 64) == result and reader.stats.hits == 1
+    assert reader.local.get("k" * 64) == result
+    # ...and a later build of that cache trusts a key: the pulled copy goes, the remote's is ignored.
+    later_warnings: list[str] = []
+    later = LayeredActionCache(reader.local, reader.cas, remote, reader.digester, trust=Trust([public]),
+                               warn=later_warnings.append)
+    assert later.get("k" * 64) is None
+    assert later.stats.dropped == 1 and later.local.get("k" * 64) is None
+    assert len([w for w in later_warnings if "dropped results pulled earlier" in w]) == 1, later_warnings
+    # Built here now: kept under that trust, by this build and the next.
+    built = ActionResult(**{**result.to_json(), "duration_s": 0.5})
+    later.put("k" * 64, built)
+    assert later.get("k" * 64) == built
+    assert LayeredActionCache(reader.local, reader.cas, remote, reader.digester, trust=Trust([public])).get("k" * 64) \
+        == built
+
+
+def test_a_result_built_here_with_the_same_key_as_an_earlier_pull_is_not_dropped(tmp_path, keypair):
+    """A record of a pull is tied to the result it came with: a result built here since, under the
+    plain local cache (no remote, so no record written), does not inherit it."""
+    _, public = keypair
+    remote, warnings = DictRemote(), []
+    writer = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings, upload=True)
+    result = result_in(writer)
+    writer.put("k" * 64, result)
+    reader = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings)
+    assert reader.get("k" * 64) == result
+    rebuilt = ActionResult(**{**result.to_json(), "duration_s": 9.0})
+    reader.local.put("k" * 64, rebuilt)  # e.g. evicted, then rebuilt by a build without the remote
+    later = LayeredActionCache(reader.local, reader.cas, remote, reader.digester, trust=Trust([public]))
+    assert later.get("k" * 64) == rebuilt and later.stats.dropped == 0

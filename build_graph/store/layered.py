@@ -2,9 +2,16 @@
 the rebuilder and engine never know which they have.
 
 A remote hit is taken only whole and verified: the entry's envelope (checked against the
-trusted keys, when some are configured), then every directory node and blob of its outputs,
-each hashed against its digest before it enters the local store; then the entry is filed
-locally. Anything missing, wrong or unsigned makes it a miss, said in one warning line.
+trusted keys; with none, used only where allow_unsigned says so), then every directory node and
+blob of its outputs, each hashed against its digest before it enters the local store; then the
+entry is filed locally. Anything missing, wrong, oversized or unsigned makes it a miss, said in
+one warning line.
+
+A pulled entry is filed with who signed it (`pulled/<key>`: the signer's public key, or
+"unsigned", and the digest of the result it came with). A later build whose trust no longer
+accepts that signer (trusted_keys set after an unsigned remote was allowed, or a key taken out)
+drops the local copy and looks the key up again; a result built here, or pulled under a trust
+that still holds, is used as it is.
 Uploads (only with upload=True, meant for CI) send the blobs and nodes first and the entry last,
 so a reader never sees an entry whose outputs are not there yet.
 """
@@ -12,15 +19,19 @@ so a reader never sees an entry whose outputs are not there yet.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import orjson
+
 from build_graph.model import ActionResult, Digester, FileEntry
 from build_graph.store.action_cache import LocalActionCache
+from build_graph.store.atomic import write_json
 from build_graph.store.cas import LocalCas
-from build_graph.store.remote import RemoteCache, RemoteUnavailable
-from build_graph.store.signing import Signer, Trust, signed_message
+from build_graph.store.remote import MAX_ENTRY_BYTES, MAX_UNSIZED_BYTES, BodyTooLarge, RemoteCache, RemoteUnavailable
+from build_graph.store.signing import UNSIGNED, Signer, Trust, signed_message
 
 
 
@@ -31,6 +42,7 @@ class RemoteStats:
     ignored: int = 0
     uploaded: int = 0
     backfilled: int = 0  # local hits uploaded because the remote lacked them
+    dropped: int = 0  # results pulled before under a trust that no longer accepts their signer
     downloaded_bytes: int = 0
     uploaded_bytes: int = 0
     ignored_why: list[str] = field(default_factory=list)
@@ -56,10 +68,13 @@ class LayeredActionCache:
         self._warn = warn
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._pulled = cas.base / "pulled"  # key -> who signed the result pulled for it
 
     # -- the LocalActionCache interface --------------------------------------------------
     def get(self, key: str) -> ActionResult | None:
         result = self.local.get(key)
+        if result is not None and not self._still_trusted(key, result):
+            result = None
         if result is not None:
             if self.upload:
                 self._backfill(key, result)
@@ -69,7 +84,7 @@ class LayeredActionCache:
             if read is None:
                 self.stats.misses += 1
                 return None
-            body, sizes = read
+            body, sizes, signer = read
             try:
                 result = ActionResult.from_json(body)
             except TypeError:
@@ -84,14 +99,57 @@ class LayeredActionCache:
             self.warn_once(f"ignored:{e}", f"remote cache: ignored the entry for action {key[:12]}… ({e}); "
                                            "building it here")
             return None
+        self._record_pulled(key, result, signer)
         self.local.put(key, result)
         self.stats.hits += 1
         return result
 
     def put(self, key: str, result: ActionResult) -> None:
-        self.local.put(key, result)
+        self.local.put(key, result)  # built here: a record of an earlier pull no longer matches it
         if self.upload and self._upload(key, result):
             self.stats.uploaded += 1
+
+    # -- who signed what was pulled --------------------------------------------------------
+    def _pulled_path(self, key: str) -> str:
+        return f"{self._pulled}/{key[:2]}/{key[2:]}.json"
+
+    def _result_digest(self, result: ActionResult) -> str:
+        return self.digester.of(orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
+
+    def _record_pulled(self, key: str, result: ActionResult, signer: str) -> None:
+        """File who signed the result pulled for `key` (before the entry itself: a build killed
+        between the two leaves a record of a pull, never an unrecorded pulled entry)."""
+        dest = self._pulled / key[:2] / f"{key[2:]}.json"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write_json(dest, {"signer": signer, "result": self._result_digest(result), "remote": self.remote.url},
+                   self.cas.tmp, sort_keys=True)
+
+    def _still_trusted(self, key: str, result: ActionResult) -> bool:
+        """False (and the local copy dropped) where `result` was pulled from a remote and this
+        build's trust does not accept whoever signed it."""
+        try:
+            with open(self._pulled_path(key), "rb") as f:
+                record = orjson.loads(f.read())
+            signer, pulled = record["signer"], record["result"]
+        except FileNotFoundError:
+            return True  # built here (or pulled before records were kept)
+        except (ValueError, KeyError, TypeError):
+            signer, pulled = UNSIGNED, self._result_digest(result)  # a damaged record: assume the worst
+        if pulled != self._result_digest(result):
+            return True  # the entry was built here since (the record is of an earlier pull)
+        if self.trust.accepts(signer):
+            return True
+        self.local.remove(key)
+        try:
+            os.unlink(self._pulled_path(key))
+        except FileNotFoundError:
+            pass
+        with self._lock:
+            self.stats.dropped += 1
+        who = "unsigned" if signer == UNSIGNED else f"signed by {signer[:16]}…, a key not trusted now"
+        self.warn_once("dropped", f"remote cache: dropped results pulled earlier that this build does not trust "
+                                  f"(the first: action {key[:12]}…, {who}); looking them up again")
+        return False
 
     def _upload(self, key: str, result: ActionResult) -> bool:
         """Send the result's blobs and nodes the remote lacks, then its entry; False where the
@@ -168,9 +226,14 @@ class LayeredActionCache:
         body = read[0] if read else []
         return [e for e in body if isinstance(e, dict)] if isinstance(body, list) else []
 
-    def _read_entry(self, key: str, kind: str) -> tuple[object, dict[str, int]] | None:
-        """(body, size hints) of the envelope filed under `key`, checked against the trust."""
-        raw = self.remote.get_entry(key)
+    def _read_entry(self, key: str, kind: str) -> tuple[object, dict[str, int], str] | None:
+        """(body, size hints, who signed it) of the envelope filed under `key`, checked against
+        the trust."""
+        try:
+            raw = self.remote.get_entry(key)
+        except BodyTooLarge:
+            raise Ignored(f"its entry is larger than the {MAX_ENTRY_BYTES >> 20} MiB an entry can have; "
+                          "not read further") from None
         if raw is None:
             return None
         try:
@@ -183,10 +246,11 @@ class LayeredActionCache:
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
             raise Ignored("not a bgraph cache entry") from None
-        why = self.trust.check(signed_message(key, kind, body), env.get("sig"), env.get("pub"))
+        message = signed_message(key, kind, body)
+        why = self.trust.check(message, env.get("sig"), env.get("pub"))
         if why:
             raise Ignored(why)
-        return body, sizes
+        return body, sizes, self.trust.signer(message, env.get("sig"), env.get("pub"))
 
     def _write_entry(self, key: str, kind: str, body, sizes: dict[str, int] | None = None) -> None:
         # `sizes` (of the nodes and logs the body names) are hints a REAPI server needs to serve
@@ -199,7 +263,12 @@ class LayeredActionCache:
 
     # -- blobs and nodes -------------------------------------------------------------------
     def _fetch_verified(self, digest: str, size: int | None, what: str) -> bytes:
-        data = self.remote.get_blob(digest, size)
+        try:
+            data = self.remote.get_blob(digest, size)
+        except BodyTooLarge:
+            limit = f"the {size} bytes its digest names" if size is not None else f"{MAX_UNSIZED_BYTES >> 20} MiB"
+            raise Ignored(f"its {what} {digest[:12]}… is larger on the remote than {limit}; not read "
+                          "further") from None
         if data is None:
             raise Ignored(f"its {what} {digest[:12]}… is missing from the remote")
         if (size is not None and len(data) != size) or self.digester.of(data) != digest:
@@ -286,12 +355,25 @@ class LayeredActionCache:
 
 
 def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn) -> LayeredActionCache:
-    """The action cache with the remote that `settings` (a workspace RemoteSection) names behind the local one."""
-    import os
+    """The action cache with the remote that `settings` (a workspace RemoteSection) names behind the local one.
+    A remote without trusted keys is an error unless `allow_unsigned` says so (then one warning per build)."""
     from pathlib import Path
 
+    from build_graph.errors import LoadError
     from build_graph.store.remote import open_remote
 
+    if not settings.trusted_keys and not settings.allow_unsigned:
+        raise LoadError(f"remote cache {settings.url} has no trusted_keys: its results would be used whoever wrote "
+                        "them",
+                        hint="put the public key of the machine that uploads (`bgraph cache keygen`) in [remote] "
+                             "trusted_keys, or pass --remote-trusted-key HEX; to use it unsigned anyway (a cache "
+                             "only your own machines can write), set allow_unsigned = true in [remote] or pass "
+                             "--remote-allow-unsigned")
     signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
-    return LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
-                              upload=settings.upload, signer=signer, trust=Trust(settings.trusted_keys), warn=warn)
+    trust = Trust(settings.trusted_keys, allow_unsigned=settings.allow_unsigned)
+    cache = LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
+                               upload=settings.upload, signer=signer, trust=trust, warn=warn)
+    if trust.allow_unsigned:
+        cache.warn_once("unsigned", f"remote cache {settings.url}: no trusted_keys and allow_unsigned is on: its "
+                                    "results are used whoever wrote them")
+    return cache

@@ -5,6 +5,10 @@ as BuildGrid, Buildbarn or bazel-remote serve them.
 bgraph's entries (signed JSON envelopes, see layered.py) are stored the REAPI way: the envelope
 is a CAS blob, and the action cache maps the entry's key to an ActionResult whose one output
 file, `bgraph-entry.json`, is that blob. Blobs and directory nodes are plain CAS blobs.
+
+Blobs are read up to the size their digest names, never more (a ByteStream read that passes
+it is cancelled: BodyTooLarge), and an entry's blob only if the server's ActionResult names no
+more than MAX_ENTRY_BYTES for it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import threading
 import uuid
 
 from build_graph.errors import LoadError
-from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
+from build_graph.store.remote import MAX_ENTRY_BYTES, BodyTooLarge, CircuitBreaker, RemoteUnavailable
 
 ENTRY_FILE = "bgraph-entry.json"
 CHUNK = 1 << 20
@@ -123,6 +127,8 @@ class ReapiRemote:
                     return None
                 if r.status.code != 0:
                     raise RemoteUnavailable(f"BatchReadBlobs: status {r.status.code} {r.status.message}"[:200])
+                if len(r.data) > size:
+                    raise BodyTooLarge(f"blob {digest[:12]}… is {len(r.data)} bytes, over the {size} it can have")
                 return r.data
             return None
         return self._bytestream_read(digest, size)
@@ -138,8 +144,17 @@ class ReapiRemote:
         pb = self.pb
         read = self._method("/google.bytestream.ByteStream/Read", pb.ReadRequest, pb.ReadResponse, "read")
         request = pb.ReadRequest(resource_name=self._resource(digest, size))
-        return self._guarded(lambda: b"".join(r.data for r in read(request, timeout=self.timeout + size / (20 << 20))),
-                             not_found_is_none=True)
+
+        def drain() -> bytes:
+            stream = read(request, timeout=self.timeout + size / (20 << 20))
+            body = bytearray()
+            for r in stream:
+                body += r.data
+                if len(body) > size:
+                    stream.cancel()
+                    raise BodyTooLarge(f"blob {digest[:12]}… is over the {size} bytes it can have (stopped reading)")
+            return bytes(body)
+        return self._guarded(drain, not_found_is_none=True)
 
     def put_blob(self, digest: str, data: bytes) -> None:
         pb = self.pb
@@ -177,6 +192,9 @@ class ReapiRemote:
             return None
         for f in result.output_files:
             if f.path == ENTRY_FILE:
+                if f.digest.size_bytes > MAX_ENTRY_BYTES:
+                    raise BodyTooLarge(f"the entry's blob is {f.digest.size_bytes} bytes, over the {MAX_ENTRY_BYTES} "
+                                       "an entry can have")
                 return self.get_blob(f.digest.hash, f.digest.size_bytes)
         return None
 

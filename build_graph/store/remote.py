@@ -6,6 +6,11 @@ layered.py); under /cas, a blob's or directory node's bytes.
 Transport faults (refused, timeouts, 5xx, short bodies) raise RemoteUnavailable; a circuit
 breaker stops calling a remote that failed several times in a row, so a dead server costs one
 warning and a few timeouts, not one per action.
+
+Bodies are read as a stream with a limit, never whole and unbounded: a blob no larger than the
+size its digest names (the directory node that names it was verified first), an entry (a signed
+JSON envelope) no larger than MAX_ENTRY_BYTES, a blob of unknown size no larger than
+MAX_UNSIZED_BYTES. A body past its limit raises BodyTooLarge as soon as it passes it.
 """
 
 from __future__ import annotations
@@ -14,8 +19,18 @@ import threading
 from typing import Protocol
 
 
+MAX_ENTRY_BYTES = 16 << 20  # an envelope: a result (and its nodes' sizes) or up to 8 depfile manifests
+MAX_UNSIZED_BYTES = 64 << 20  # a blob asked for without its size (an entry naming no size hint)
+CHUNK = 1 << 20
+_DRAIN_BYTES = 64 << 10  # an error page read to keep its connection, at most this much
+
+
 class RemoteUnavailable(Exception):
     """The remote could not be reached or answered with a server error."""
+
+
+class BodyTooLarge(Exception):
+    """The remote sent (or announced) more bytes than the thing asked for can have."""
 
 
 class RemoteCache(Protocol):
@@ -78,16 +93,17 @@ class HttpRemote:
             s.mount("https://", self._adapter)
         return s
 
-    def _call(self, method: str, path: str, data: bytes | None = None):
+    def _call(self, method: str, path: str, data: bytes | None = None, limit: int = 0):
+        """(response, body): the body read as a stream, up to `limit` bytes (GET with 200), else
+        None (an error page is read and dropped, at most _DRAIN_BYTES of it)."""
         self.breaker.check()
         try:
-            r = self._session().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout)
-            if r.status_code >= 500:
-                raise RemoteUnavailable(f"HTTP {r.status_code} for {method} /{path}")
-            if method == "GET" and r.status_code == 200:
-                expected = r.headers.get("Content-Length")
-                if expected is not None and int(expected) != len(r.content):
-                    raise RemoteUnavailable(f"short body for /{path}: {len(r.content)} of {expected} bytes")
+            with self._session().request(method, f"{self.url}/{path}", data=data, timeout=self.timeout, stream=True,
+                                         headers={"Accept-Encoding": "identity"}) as r:
+                if r.status_code >= 500:
+                    raise RemoteUnavailable(f"HTTP {r.status_code} for {method} /{path}")
+                body = (_read_limited(r, limit, f"/{path}") if method == "GET" and r.status_code == 200
+                        else _drain(r))
         except self._requests.RequestException as e:
             self.breaker.failure()
             raise RemoteUnavailable(_short(e)) from None
@@ -95,35 +111,62 @@ class HttpRemote:
             self.breaker.failure()
             raise
         self.breaker.success()
-        return r
+        return r, body
 
-    def _get(self, path: str) -> bytes | None:
-        r = self._call("GET", path)
+    def _get(self, path: str, limit: int) -> bytes | None:
+        r, body = self._call("GET", path, limit=limit)
         if r.status_code == 404:
             return None
         if r.status_code != 200:
             raise RemoteUnavailable(f"HTTP {r.status_code} for GET /{path}")
-        return r.content
+        return body
 
     def _put(self, path: str, data: bytes) -> None:
-        r = self._call("PUT", path, data)
+        r, _ = self._call("PUT", path, data)
         if r.status_code not in (200, 201, 204):
             raise RemoteUnavailable(f"HTTP {r.status_code} for PUT /{path}")
 
     def get_blob(self, digest: str, size: int | None = None) -> bytes | None:
-        return self._get(f"cas/{digest}")
+        return self._get(f"cas/{digest}", MAX_UNSIZED_BYTES if size is None else size)
 
     def find_missing(self, sizes: dict[str, int]) -> set[str]:
-        return {d for d in sizes if self._call("HEAD", f"cas/{d}").status_code != 200}
+        return {d for d in sizes if self._call("HEAD", f"cas/{d}")[0].status_code != 200}
 
     def put_blob(self, digest: str, data: bytes) -> None:
         self._put(f"cas/{digest}", data)
 
     def get_entry(self, key: str) -> bytes | None:
-        return self._get(f"ac/{key}")
+        return self._get(f"ac/{key}", MAX_ENTRY_BYTES)
 
     def put_entry(self, key: str, data: bytes) -> None:
         self._put(f"ac/{key}", data)
+
+
+def _read_limited(r, limit: int, what: str) -> bytes:
+    """A 200 response's body, read a chunk at a time; BodyTooLarge as soon as it passes `limit`
+    (or when its Content-Length says it will), RemoteUnavailable when it is shorter than announced."""
+    declared = r.headers.get("Content-Length")
+    announced = int(declared) if declared is not None and declared.isdigit() else None
+    if announced is not None and announced > limit:
+        raise BodyTooLarge(f"{what} is {announced} bytes, over the {limit} it can have")
+    body = bytearray()
+    for chunk in r.iter_content(CHUNK):
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"{what} is over the {limit} bytes it can have (stopped reading)")
+    if announced is not None and announced != len(body):
+        raise RemoteUnavailable(f"short body for {what}: {len(body)} of {announced} bytes")
+    return bytes(body)
+
+
+def _drain(r) -> None:
+    """Read and drop a small body (none for HEAD), so the connection serves the next request;
+    a larger one is left unread (the connection is closed instead)."""
+    declared = r.headers.get("Content-Length")
+    if r.request.method == "HEAD" or (declared is not None and declared.isdigit() and int(declared) <= _DRAIN_BYTES):
+        for _ in r.iter_content(CHUNK):
+            pass
+    return None
 
 
 def _short(e: Exception) -> str:

@@ -41,11 +41,16 @@ class Signer:
         return self._key.sign(message).hex()
 
 
-class Trust:
-    """Which signatures count. With no trusted keys every entry is accepted (a cache only the
-    user's own machines write); with some, only entries one of them signed."""
+UNSIGNED = "unsigned"  # who signed an entry that carries no valid signature
 
-    def __init__(self, public_keys_hex: list[str]):
+
+class Trust:
+    """Which signatures count. With trusted keys, only entries one of them signed. With none,
+    nothing, unless `allow_unsigned` says that any entry will do (a cache only the user's own
+    machines can write): then every entry is accepted, whoever wrote it. Keys win over
+    allow_unsigned."""
+
+    def __init__(self, public_keys_hex: list[str], allow_unsigned: bool = False):
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
         self.keys = {}
@@ -54,6 +59,7 @@ class Trust:
                 self.keys[h.lower()] = Ed25519PublicKey.from_public_bytes(bytes.fromhex(h))
             except ValueError:
                 raise LoadError(f"trusted key {h[:16]}…: not a 32-byte ed25519 public key in hex") from None
+        self.allow_unsigned = allow_unsigned and not self.keys
 
     @property
     def required(self) -> bool:
@@ -62,7 +68,7 @@ class Trust:
     def check(self, message: bytes, signature: str | None, public_hex: str | None) -> str | None:
         """None if acceptable, else why not."""
         if not self.required:
-            return None
+            return None if self.allow_unsigned else "no trusted keys (and unsigned results not allowed)"
         if not signature or not public_hex:
             return "unsigned"
         if not isinstance(signature, str) or not isinstance(public_hex, str):
@@ -76,6 +82,25 @@ class Trust:
         except (InvalidSignature, ValueError):
             return "wrong signature"
         return None
+
+    def signer(self, message: bytes, signature, public_hex) -> str:
+        """Who signed `message`: the public key (hex, lower case) whose signature verifies,
+        whether trusted or not, else UNSIGNED. Recorded with a pulled result, so that a later
+        build that trusts other keys can tell whether it still counts (see `accepts`)."""
+        if not isinstance(signature, str) or not isinstance(public_hex, str) or not signature or not public_hex:
+            return UNSIGNED
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+        try:
+            key = self.keys.get(public_hex.lower()) or Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_hex))
+            key.verify(bytes.fromhex(signature), message)
+        except (InvalidSignature, ValueError):
+            return UNSIGNED
+        return public_hex.lower()
+
+    def accepts(self, signer: str) -> bool:
+        """Whether a result that `signer` signed (or UNSIGNED) is usable under this trust."""
+        return signer in self.keys if self.keys else self.allow_unsigned
 
 
 def generate_key(path: Path) -> str:
