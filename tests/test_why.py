@@ -51,6 +51,8 @@ outputs = ["libdemo.so", "libdemo_cuda.a", "libdemo_cpp.a"]
 kind = "py_wheel"
 distribution = "whydemo"
 version = "0.1.0"
+srcs = ["py/whydemo/__init__.py"]
+strip_prefix = "py"
 files = {{ "whydemo/libdemo.so" = [":lib", "libdemo.so"] }}
 platform = "aarch64"
 """
@@ -70,6 +72,7 @@ def new_ws(root: Path, cache: Path) -> WS:
     files = sorted(p.relative_to(demo).as_posix() for p in demo.rglob("*") if p.is_file())
     ws = WS(root, cache)
     ws.write({"targets/why.toml": TARGETS.format(outs=str(files).replace("'", '"'), files=" ".join(files)),
+              "py/whydemo/__init__.py": "# the wheel's package\n",
               HDR: diff("include/demo_offset.cuh", offset, offset.replace("return x + by;", "return by + x;")),
               CML: diff("CMakeLists.txt", cml, cml.replace("set(CMAKE_CXX_STANDARD 17)",
                                                            "# patched\nset(CMAKE_CXX_STANDARD 17)"))})
@@ -157,6 +160,17 @@ def test_the_cross_built_library_under_the_aarch64_wheel(built):
     assert preprocessing(reads(run), SPARK) >= {(OFFSET, "121a")}
     explain = ws.cli("explain", "--platform", "aarch64", LIB)
     assert explain.rc == 0 and explain.stdout.startswith(f"{SPARK}: last build"), explain.output
+
+
+def test_a_workspace_file_under_strip_prefix_is_found_where_the_target_puts_it(built):
+    """The wheel takes py/whydemo/__init__.py as whydemo/__init__.py (strip_prefix): the wheel
+    step, which mounts its whole content, can read it there."""
+    found = reads(built["ws"].cli("why", "--json", WHEEL, "py/whydemo/__init__.py"))
+    assert [(r["target"], r["mnemonic"], r["file"], r["mount"], r["narrowed"]) for r in found] == \
+        [(f"{WHEEL} (aarch64)", "PyWheel", "whydemo/__init__.py", "/bgraph/in/pkg", False)], found
+    text = built["ws"].cli("why", WHEEL, "py/whydemo/__init__.py").stdout
+    assert (f"whydemo/__init__.py <- py/whydemo/__init__.py, from {WHEEL} (aarch64) "
+            "(reads all of /bgraph/in/pkg, not narrowed)") in text, text
 
 
 def test_a_library_built_only_for_the_other_platform_answers_from_that_build(built):
