@@ -5,6 +5,7 @@ Inside, an action sees only its declared input trees, read-only at their fixed m
 root), a writable /bgraph/out, a tmpfs /tmp, and the host directories its host_tools target
 declares (an opt-in), read-only. No network (own empty net
 namespace), its own PID namespace (nvcc names temp files after its PID), a clean environment.
+No capability, as root too (bwrap keeps root's unless told), and a read-only /proc.
 """
 
 from __future__ import annotations
@@ -78,6 +79,39 @@ def _probe_host_tool(p: str, real: str, digester) -> tuple[str, str]:
     return version, digest
 
 
+# An action holds no capability, as root too: bwrap keeps root's unless told, and with them an
+# action could remount a read-only input (a dependency's CAS blob, the pinned /usr every action
+# shares) writable, mount, or make a device. bwrap also sets no_new_privs, and the bounding set is
+# empty: no setuid binary or file capability brings one back.
+NO_CAPABILITIES = ("--cap-drop", "ALL")
+# Nor a nested user namespace, where it would hold every capability again (over that namespace
+# only: the kernel keeps bwrap's read-only mounts read-only there, but mounts and devices open up).
+NO_USER_NAMESPACES = ("--unshare-user", "--disable-userns")
+# /proc read-only: bgraph run as root makes the action host uid 0 (no capability needed), which
+# the kernel lets write most of /proc/sys (kernel.core_pattern runs a program as root on the
+# host); bwrap leaves /proc/sys writable. Reading /proc is unchanged.
+READ_ONLY_PROC = ("--proc", "/proc", "--remount-ro", "/proc")
+
+_NESTING_BLOCKED: dict[str, bool] = {}  # bwrap path -> whether NO_USER_NAMESPACES works here
+
+
+def nesting_options(bwrap: str) -> tuple[str, ...]:
+    """NO_USER_NAMESPACES where this bwrap (0.8 or newer) and host allow it (asked once per
+    process); elsewhere none: older bubblewrap, or a host that gives bwrap no user namespace,
+    where an action can make none either (the mounts stay locked read-only in any case)."""
+    works = _NESTING_BLOCKED.get(bwrap)
+    if works is None:
+        try:
+            probe = subprocess.run([bwrap, *NO_USER_NAMESPACES, *NO_CAPABILITIES, "--ro-bind", "/", "/",
+                                    "--", bwrap, "--version"], capture_output=True, timeout=30,
+                                   stdin=subprocess.DEVNULL, env={})
+            works = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            works = False
+        _NESTING_BLOCKED[bwrap] = works
+    return NO_USER_NAMESPACES if works else ()
+
+
 MAX_MOUNTS = 256  # bwrap takes at most 9,000 arguments; one input mount costs three
 
 
@@ -98,6 +132,7 @@ class BwrapRunner:
     def __init__(self, cas: LocalCas, jobs: int = 1):
         self.cas = cas
         self.bwrap = find_bwrap()
+        self.isolation = (*NO_CAPABILITIES, *nesting_options(self.bwrap))
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.stopping = False
@@ -109,8 +144,8 @@ class BwrapRunner:
         self.spares = Spares(self.accounting, jobs) if used else None
 
     def command(self, action: Action, out_dir: Path) -> list[str]:
-        args = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
-                "--hostname", "bgraph", "--proc", "/proc", "--dev", "/dev",
+        args = [self.bwrap, "--unshare-all", *self.isolation, "--die-with-parent", "--new-session",
+                "--hostname", "bgraph", *READ_ONLY_PROC, "--dev", "/dev",
                 "--tmpfs", "/tmp", "--dir", "/bgraph"]
         for host_path in action.host_paths:
             args += ["--ro-bind", host_path, host_path]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -372,3 +373,139 @@ def test_peak_memory_is_the_actions_own_even_when_bgraph_is_large(make_ws, monke
     assert peaks["//p:trivial"] < 50, peaks
     runner = ws.engine()  # which mechanism measured it
     assert (runner.sandbox.accounting.memory is not None) == (mechanism == "cgroup")
+
+
+# -- no capability, as root too (issue 33) ---------------------------------------------------------
+# Run as root (as CI and the README's setup do), an action is uid 0: bwrap kept every capability
+# (CapEff 000001fffeffffff) and `mount -o remount,rw` made its read-only inputs writable, a
+# dependency's CAS blob among them. Each check prints NAME=yes|no (whether the command
+# succeeded). Whatever the sandbox allows, nothing of the host is written: the dependency's blob
+# lies in this test's own cache, and /usr and /proc/sys are only remounted or asked (`test -w`).
+CAPS_PROBE = r"""
+check() { if sh -c "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }
+for f in CapInh CapPrm CapEff CapBnd CapAmb NoNewPrivs; do
+  echo "$f=$(sed -n "s/^$f:[[:space:]]*//p" /proc/self/status)"
+done
+echo "init_CapEff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/1/status)"
+echo "uid=$(id -u)"
+check mount_tmpfs           'mkdir -p /tmp/m && mount -t tmpfs none /tmp/m'
+check bind_mount            'mkdir -p /tmp/b && mount --bind /tmp /tmp/b'
+check remount_src           'mount -o remount,rw /bgraph/src'
+check remount_src_bind      'mount -o remount,bind,rw /bgraph/src'
+check remount_dep           'mount -o remount,rw /bgraph/in/dep'
+check remount_dep_bind      'mount -o remount,bind,rw /bgraph/in/dep'
+check remount_usr           'mount -o remount,rw /usr'
+check remount_usr_bind      'mount -o remount,bind,rw /usr'
+check mknod_char            'mknod /tmp/null c 1 3'
+check mknod_block           'mknod /tmp/loop b 7 0'
+check chown_other           'touch /tmp/f && chown 1:1 /tmp/f'
+check chroot                'chroot / /usr/bin/true'
+check nested_userns         'unshare -U true'
+check proc_sys_writable     'test -w /proc/sys/kernel/core_pattern || test -w /proc/sys/vm/drop_caches'
+check write_dep             'echo poisoned >> /bgraph/in/dep/o.txt'
+check chmod_dep             'chmod u+w /bgraph/in/dep/o.txt'
+check truncate_dep          ': > /bgraph/in/dep/o.txt'
+check link_dep              'ln /bgraph/in/dep/o.txt /bgraph/out/hardlink'
+check read_dep              'test "$(cat /bgraph/in/dep/o.txt)" = dep-output'
+check fifo                  'mkfifo /tmp/fifo'
+check umount_dep            'umount -l /bgraph/in/dep'
+"""
+
+
+@pytest.fixture(scope="module")
+def caps_report(tmp_path_factory):
+    """One sandboxed run of CAPS_PROBE through the CLI, with a dependency mounted at /bgraph/in/dep."""
+    root = tmp_path_factory.mktemp("caps") / "ws"
+    ws = WS(root, root.parent / "cache")
+    write_files(root, {
+        "WORKSPACE.toml": WORKSPACE_TOML,
+        "targets/toolchains.toml": TOOLCHAINS_TOML,
+        "caps.sh": CAPS_PROBE,
+        "targets/p.toml": '[dep]\nkind = "genrule"\nouts = ["o.txt"]\ncmd = "echo dep-output > $OUT/o.txt"\n\n'
+                          '[probe]\nkind = "genrule"\nsrcs = ["caps.sh"]\ndeps = { dep = ":dep" }\n'
+                          'outs = ["report.txt"]\ncmd = "sh $SRC/caps.sh > $OUT/report.txt 2>&1"\n',
+    })
+    run = ws.build("//p:probe", "//p:dep")
+    assert run.rc == 0, run.stderr
+    values, _env = parse(ws.read_output("//p:probe", "report.txt"))
+    return ws, values
+
+
+@requires_bwrap
+def test_an_action_holds_no_capability_even_as_root(caps_report):
+    _ws, v = caps_report
+    if os.geteuid() == 0:
+        assert v["uid"] == "0"  # the case this is about: bgraph as root, the action uid 0
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "init_CapEff"):
+        assert v[name] == "0000000000000000", (name, v[name])
+    # An empty bounding set and no_new_privs: no setuid binary or file capability gives one back
+    # (mount(8), setuid root on Debian, is what failed to mount below).
+    assert v["NoNewPrivs"] == "1"
+
+
+@requires_bwrap
+def test_an_action_can_neither_mount_nor_remount_nor_make_devices(caps_report):
+    _ws, v = caps_report
+    for name in ("mount_tmpfs", "bind_mount", "remount_src", "remount_src_bind", "remount_dep",
+                 "remount_dep_bind", "remount_usr", "remount_usr_bind", "umount_dep", "mknod_char",
+                 "mknod_block", "chown_other", "chroot", "proc_sys_writable"):
+        assert v[name] == "no", f"{name}: the action could do it"
+    assert v["fifo"] == "yes"  # what needs no privilege still works
+
+
+@requires_bwrap
+def test_an_action_cannot_open_a_nested_user_namespace(caps_report):
+    """Where bwrap can forbid it (0.8 or newer, user namespaces on): a nested one would give
+    the action every capability again, over that namespace."""
+    from build_graph.sandbox import find_bwrap, nesting_options
+    if not nesting_options(find_bwrap()):
+        pytest.skip("this bubblewrap or host cannot forbid nested user namespaces (bwrap --disable-userns)")
+    _ws, v = caps_report
+    assert v["nested_userns"] == "no"
+
+
+@requires_bwrap
+def test_a_dependencys_cached_output_cannot_be_written_through_its_mount(caps_report):
+    ws, v = caps_report
+    assert v["read_dep"] == "yes"
+    for name in ("write_dep", "chmod_dep", "truncate_dep", "link_dep"):
+        assert v[name] == "no", f"{name}: the action could do it"
+    # The blob itself, in the store: its bytes and its read-only mode are as stored.
+    blob = (ws.root / "bgraph-out/p/dep/o.txt").resolve()
+    assert blob.read_text() == "dep-output\n"
+    assert blob.stat().st_mode & 0o777 == 0o444
+    run = ws.cli("cache", "verify")
+    assert run.rc == 0, run.output
+
+
+@requires_bwrap
+def test_actions_started_through_spares_hold_no_capability_either(tmp_path):
+    """The two ways an action starts (directly, and through a spare waiting in its cgroups)
+    give bwrap the same options: capabilities are dropped on both."""
+    from build_graph.model import Action, Digester
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    try:
+        seen = []
+        for i in range(4):
+            action = Action(name=f"caps{i}", mnemonic="Genrule", env=(("N", str(i)), ("PATH", "/usr/bin")),
+                            argv=("/usr/bin/sh", "-c", "grep -E '^(Cap|NoNewPrivs)' /proc/self/status > /bgraph/out/s"),
+                            inputs=(), outputs=("s",), host_paths=("/usr",))
+            tree, _result = runner.run(action)
+            seen.append(dict(line.split(":\t") for line in cas.read_bytes(tree.entries["s"]).decode().splitlines()))
+            deadline = time.monotonic() + 10  # let the starter thread have the next spare ready
+            while runner.spares is not None and runner.spares._open and not runner.spares._ready \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for status in seen:
+            assert {k: v for k, v in status.items() if k.startswith("Cap")} == dict.fromkeys(
+                ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), "0000000000000000"), status
+            assert status["NoNewPrivs"] == "1"
+        if runner.spares is not None:
+            assert runner.spares.taken >= 1  # the later ones came through a spare
+    finally:
+        runner.close()
+        cas.close()

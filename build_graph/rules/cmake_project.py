@@ -27,11 +27,13 @@ META = ".bgraph"  # the configure's own files inside its output (graph, log, gen
 
 # Runs in the sandbox. $1 = cmake, $2 = ninja; the rest are cmake's arguments. The configure
 # log is kept; on failure CMake's own error text goes to stderr, and a download or clone the
-# configure tried (there is no network) is named.
+# configure tried (there is no network) is named. The source copy is made writable (a configure
+# may write into it; the store's modes are read-only, and an action holds no capability).
 _CONFIGURE = r"""set -e
 cmake=$1; ninja=$2; shift 2
 mkdir -p /bgraph/src /bgraph/out/.bgraph
 cp -a /bgraph/in/src/. /bgraph/src/
+chmod -R u+w /bgraph/src
 log=/bgraph/out/.bgraph/configure.log
 if ! "$cmake" -G Ninja -S /bgraph/src -B /bgraph/out "-DCMAKE_MAKE_PROGRAM=$ninja" "$@" > "$log" 2>&1; then
   url=$(grep -oE "(https?|git|ssh)://[^ '\";)]+" "$log" | head -n 1)

@@ -8,9 +8,12 @@ from build_graph.model import TargetOutput
 from build_graph.rules.base import SRC, Attrs, PlanGen, RuleContext, labels_in
 
 # Each patch is applied alone so a failure names the patch file; patch itself names file and hunk.
+# The copy keeps the store's read-only modes, and an action (root too) holds no capability to
+# write past them: it is made writable first (an output tree records only exec bits).
 APPLY = r"""set -eu
 mkdir -p /bgraph/out/tree
 cp -a /bgraph/in/src/. /bgraph/out/tree/
+chmod -R u+w /bgraph/out/tree
 cd /bgraph/out/tree
 for p in "$@"; do
   if ! patch -p"$STRIP" --batch --forward --no-backup-if-mismatch -r - -i "/bgraph/src/$p" >/tmp/patch.log 2>&1; then
