@@ -310,8 +310,16 @@ def test_host_tool_probes_are_remembered_until_the_binary_changes(tmp_path):
     from build_graph.sandbox import probe_host_tools
     from build_graph.store.json_table import JsonTable
 
+    import time
+
+    from build_graph.incremental import filestate
+
+    def settle():  # a stamp taken within the racy window is not remembered
+        time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+
     tool = tmp_path / "tool"
     shutil.copy("/usr/bin/true", tool)
+    settle()
     table = JsonTable(tmp_path / "host-tools.json", tmp_path)
     [first] = probe_host_tools((str(tool),), Digester("blake3"), table)
     assert "true" in first.version and table.dirty
@@ -319,11 +327,12 @@ def test_host_tool_probes_are_remembered_until_the_binary_changes(tmp_path):
 
     again = JsonTable(tmp_path / "host-tools.json", tmp_path)
     shutil.copy("/usr/bin/false", tool)  # a write moves the stamp: the probe runs again
+    settle()
     [changed] = probe_host_tools((str(tool),), Digester("blake3"), again)
     assert changed.digest != first.digest and "false" in changed.version
     # Unchanged since: the recorded probe is used (even a wrong recorded version is believed).
     key = f"blake3:{tool}"
-    again.table[key][5] = "recorded"
+    again.table[key][7] = "recorded"
     [kept] = probe_host_tools((str(tool),), Digester("blake3"), again)
     assert kept.version == "recorded" and kept.digest == changed.digest
 
