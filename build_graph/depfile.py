@@ -1,13 +1,66 @@
-"""Read Make-syntax dependency files (`gcc -MD -MF`, `nvcc -MD -MF`): the files a compile read.
+"""Depfiles: reading them, and deciding when one may narrow an action's inputs.
 
+Reading: Make-syntax dependency files (`gcc -MD -MF`, `nvcc -MD -MF`): the files a compile read.
 No maintained Python package reads this format, and it is small: rules `target: dep dep \\`
 with backslash-newline continuations, `\\ ` for a space in a name and `$$` for `$`.
+
+Deciding (input discovery for imported commands, ARCHITECTURE.md invariant 7). The rebuilder
+files an action with `narrow` mounts under the files its depfile names (rebuilder.py): an edit
+to any other file of those mounts is a hit. That is sound only if the depfile names **every**
+file of the narrowed mounts that the run could have read. bgraph's own preprocessing steps
+(nvcc_compile.py) append `-MD -MF` themselves. A command a project wrote (an imported Ninja
+edge: CMake's, PyTorch's cpp_extension's, FlashInfer's JIT build.ninja) is not trusted as
+written: `-MMD` (and `-MM`, nvcc's `--generate-nonsystem-dependencies[-with-compile]`) leaves
+out every header found in a system directory, and a header reached through `-isystem
+/bgraph/ext/torch/include` (or `-idirafter`, `--sysroot`, `-isysroot`, `-iprefix`/`-iwithprefix`)
+is such a header: an edit to it was a cache hit.
+
+The strategy, `complete_compile(command)`, either returns the command rewritten to a form whose
+depfile is complete, or says why it cannot (`Whole`): that edge is then keyed on every input it
+can read (its whole mounts), never narrowed. Its soundness contract:
+
+1. The command is one simple shell command (no operator, redirection, expansion, glob, comment
+   or assignment): what runs is exactly the words it names, and nothing else.
+2. Its first word is a GCC-compatible driver (gcc, g++, cc, c++, clang, clang++, with a target
+   prefix or version suffix) that lies outside every narrowed mount (found by PATH: every PATH
+   entry outside them too), and no environment variable redirects the driver's programs or its
+   dependency output (GCC_EXEC_PREFIX, COMPILER_PATH, DEPENDENCIES_OUTPUT, SUNPRO_DEPENDENCIES,
+   CCC_OVERRIDE_OPTIONS, GCC_COMPARE_DEBUG).
+3. Every argument is one the allowlist below knows, and none of them makes the compiler read a
+   file its depfile leaves out: no response file (`@file`), `-specs`, `-B`, `-wrapper`, plugin,
+   profile, sanitizer list or module file, no `-Wp,`/`-Xpreprocessor` (they reach the
+   preprocessor's own -M options), no assembler source (an `.include` is not in the depfile).
+   Exactly one `-c`, one `-o`, one source, one `-MF`, and `-MD` or `-MMD`.
+4. Every `-MMD` becomes `-MD` (with GCC 12, when both are given, -MMD wins, whatever the
+   order). With -MD the depfile names every file the preprocessor opened: the source, every
+   header (system ones too), `-include` and `-imacros` files. -MD and -MMD change only the
+   depfile: the object is the same bytes (GCC 12's DWARF producer string leaves -M options out;
+   `tests/test_depfile.py` compiles both ways and compares).
+5. The depfile is the `-MF` file, inside the build directory and not one of the edge's outputs.
+   After the run the rebuilder refuses to narrow by a depfile that is missing, not a regular
+   file, or names no file, and by a path that steps out (`..`) of a symbolic link.
+6. No narrowed input holds a precompiled header (`*.gch`, `*.pch`): GCC reads `x.h.gch` in
+   place of `x.h` when it finds one, and its depfile then names neither (`precompiled`,
+   checked by the importer, which knows the trees).
+
+What remains outside the contract, as for bgraph's own `-MD` steps: a file an assembler
+directive reads (`asm(".incbin \\"x\\"")`), and `__has_include` of a header that did not exist
+(the name check in rebuilder.py catches a new file shadowing one that did).
+
+nvcc compiles are not run as written: `compile_tu` decomposes them into nvcc's own steps and
+appends its own `-MD` to each preprocessing step. `nvcc_dependency_free(args)` removes nvcc's
+dependency options, and says why the steps' depfiles could still be incomplete (a host compiler
+inside a narrowed mount; `-Xcompiler` flags from the list of point 3, `-MMD` among them): such a
+compile is decomposed all the same, with no mount narrowed.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 _TOKEN = re.compile(r"(?:\\.|[^\s\\])+")
 _UNESCAPE = re.compile(r"\\(.)")
@@ -36,3 +89,278 @@ def parse_depfile(text: str) -> list[str]:
 def absolute(path: str, cwd: str) -> str:
     """A depfile path as an absolute, normalised sandbox path (relative ones are against cwd)."""
     return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
+
+
+def stepped_out_of(path: str, cwd: str) -> list[str]:
+    """The directories (absolute, normalised) that a `..` of `path` steps out of. Where one of
+    them is, or lies below, a symbolic link, `absolute(path)` is not the file that was read."""
+    if ".." not in path:
+        return []
+    parts = (path if path.startswith("/") else f"{cwd}/{path}").split("/")
+    out, here = [], []
+    for part in parts:
+        if part == "..":
+            if here:
+                out.append("/" + "/".join(here))
+                here.pop()
+        elif part and part != ".":
+            here.append(part)
+    return out
+
+
+# -- the strategy for imported compiles (see the module docstring) -------------------------------
+
+@dataclass(frozen=True)
+class CompleteDepfile:
+    """An imported compile whose depfile is proven complete: run `command`, narrow by `depfile`."""
+
+    command: str  # the shell command to run (the edge's own, or rewritten)
+    depfile: str  # the -MF path as the command gives it (absolute, or relative to the cwd)
+    rewritten: bool  # whether `command` differs from the edge's (-MMD made -MD)
+
+
+@dataclass(frozen=True)
+class Whole:
+    """An imported command whose reads are not proven: keyed on all its inputs."""
+
+    reason: str
+    compiler: bool  # whether it is a compile by a known driver (named and counted as one)
+
+
+_DRIVER = re.compile(r"(?:[A-Za-z0-9_.]+-)*(?:gcc|g\+\+|cc|c\+\+|clang|clang\+\+)(?:-[0-9]+(?:\.[0-9]+)*)?")
+_BAD_ENV = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES",
+            "CCC_OVERRIDE_OPTIONS", "GCC_COMPARE_DEBUG")
+# Options whose value is the next word, and those that may also be written joined (-Ifoo, -MFfoo).
+_SEPARATE = frozenset(("-o", "-MF", "-MT", "-MQ", "-D", "-U", "-I", "-include", "-imacros", "-isystem", "-iquote",
+                       "-idirafter", "-iprefix", "-iwithprefix", "-iwithprefixbefore", "-isysroot", "-imultilib",
+                       "-x", "--param", "--sysroot"))
+_JOINED = ("-o", "-MF", "-MT", "-MQ", "-D", "-U", "-I", "-isystem", "-iquote", "-idirafter", "-isysroot", "-x",
+           "--sysroot=")
+_PLAIN = frozenset(("-c", "-MD", "-MMD", "-MP", "-w", "-pipe", "-pthread", "-pedantic", "-pedantic-errors",
+                    "-ansi", "-nostdinc", "-nostdinc++", "-undef", "-H", "-v"))
+# -f options that read a file the depfile does not name (GCC 12's and Clang's documentation).
+_READING_F = ("-fplugin", "-fpass-plugin", "-fprofile-use", "-fprofile-sample", "-fprofile-instr-use",
+              "-fprofile-remapping", "-fprofile-list", "-fauto-profile", "-fsanitize-blacklist",
+              "-fsanitize-ignorelist", "-fsanitize-system", "-fsanitize-coverage-allow",
+              "-fsanitize-coverage-block", "-fsanitize-coverage-white", "-fsanitize-coverage-black",
+              "-fmodule", "-fprebuilt-module", "-fimplicit-module", "-fbasic-block-sections=list", "-fxray",
+              "-fembed", "-fcuda-include", "-fopenmp-host-ir", "-fcompare-debug", "-fpch")
+_SPECIAL = re.compile(r"[^ \tA-Za-z0-9_./=,:+@%^{}!-]")  # a command of only these is split on blanks
+_SOURCE = re.compile(r".+\.(?:c|cc|cp|cxx|cpp|CPP|c\+\+|C|i|ii)")
+_LANGS = ("c", "c++", "none")
+
+
+def shell_words(command: str) -> list[str] | None:
+    """The words of `command` if it is one simple command that /bin/sh runs as those words
+    (quotes and backslashes removed), else None: an operator (`;`, `&&`, `|`, `&`), a
+    redirection, an expansion (`$`, backquote, `~`), a glob, a comment, a leading assignment
+    or a newline."""
+    if not _SPECIAL.search(command):  # most commands: plain words between blanks
+        words = command.split()
+        return words if words and "=" not in words[0] else None
+    words: list[str] = []
+    cur: list[str] = []
+    started = False
+    i, n = 0, len(command)
+    while i < n:
+        c = command[i]
+        if c in " \t":
+            if started:
+                words.append("".join(cur))
+                cur, started = [], False
+        elif c == "'":
+            j = command.find("'", i + 1)
+            if j < 0:
+                return None
+            cur.append(command[i + 1:j])
+            started, i = True, j
+        elif c == '"':
+            i += 1
+            while i < n and command[i] != '"':
+                ch = command[i]
+                if ch in "$`":
+                    return None
+                if ch == "\\" and i + 1 < n and command[i + 1] in '"\\$`\n':
+                    if command[i + 1] != "\n":
+                        cur.append(command[i + 1])
+                    i += 2
+                    continue
+                cur.append(ch)
+                i += 1
+            if i >= n:
+                return None
+            started = True
+        elif c == "\\":
+            if i + 1 >= n:
+                return None
+            if command[i + 1] != "\n":
+                cur.append(command[i + 1])
+                started = True
+            i += 1
+        elif c in "|&;<>()$`\n*?[" or (c in "#~" and not started):
+            return None
+        else:
+            cur.append(c)
+            started = True
+        i += 1
+    if started:
+        words.append("".join(cur))
+    if not words or "=" in words[0]:
+        return None
+    return words
+
+
+def _inside(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _driver_problem(word: str, env: Mapping[str, str], roots: tuple[str, ...]) -> str | None:
+    """Why `word` (a command's first word) is not a driver outside the narrowed mounts."""
+    if not _DRIVER.fullmatch(word.rpartition("/")[2]):
+        return f"{word.rpartition('/')[2]!r} is not a GCC-compatible compiler driver"
+    if "/" in word:
+        if not word.startswith("/"):
+            return f"the compiler {word} is a relative path"
+        if _inside(posixpath.normpath(word), roots):
+            return f"the compiler {word} lies inside a narrowed input"
+        return None
+    for entry in env.get("PATH", "").split(":"):
+        if not entry.startswith("/") or _inside(posixpath.normpath(entry), roots):
+            return f"PATH entry {entry!r} could hold the compiler {word}"
+    return None
+
+
+def _host_flag_problem(arg: str) -> str | None:
+    """Why a compiler flag may read a file its depfile leaves out, or steer the depfile (None: it
+    does neither). For flags handed on unparsed (nvcc's -Xcompiler)."""
+    if arg.startswith("@"):
+        return f"response file {arg}"
+    if arg in ("-MMD", "-MM", "-M", "-MG", "-Wp") or arg.startswith(("-MF", "-Wp,", "-Xpreprocessor", "-Xclang")):
+        return f"{arg} steers the preprocessor's dependency output"
+    if arg.startswith(("-specs", "--specs", "-B", "-wrapper", "-iplugindir", "-save-temps", "-no-integrated-cpp",
+                       "-Wa,", "-Xassembler")) or arg.startswith(_READING_F):
+        return f"{arg} may read a file the depfile does not name"
+    return None
+
+
+def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[str], cwd: str,
+                     outputs: Iterable[str] = ()) -> CompleteDepfile | Whole:
+    """The contract's decision for one imported command (module docstring): the command to run
+    and its depfile, or why it is keyed on all its inputs. `narrowed`: the mounts it would be
+    narrowed on (also where the compiler must not lie); `cwd`: where it runs (the build
+    directory); `outputs`: the edge's outputs, as absolute paths or relative to `cwd`."""
+    roots = tuple(narrowed) + (cwd,)
+    words = shell_words(command)
+    if words is None:
+        return Whole("not one simple shell command", False)
+    problem = _driver_problem(words[0], env, roots)
+    if problem:
+        return Whole(problem, False)
+    bad_env = [k for k in _BAD_ENV if k in env]
+    if bad_env:
+        return Whole(f"environment variable {bad_env[0]} redirects the compiler", True)
+    counts = {"-c": 0, "-o": 0, "-MF": 0, "source": 0}
+    depfile, lang, deps, rewritten = "", "", False, False
+    out = [words[0]]
+    i = 1
+    while i < len(words):
+        arg = words[i]
+        i += 1
+        if arg in _PLAIN:
+            if arg in ("-MD", "-MMD"):
+                deps, rewritten = True, rewritten or arg == "-MMD"
+                arg = "-MD"
+            counts["-c"] += arg == "-c"
+            out.append(arg)
+            continue
+        if arg in _SEPARATE:
+            if i >= len(words):
+                return Whole(f"{arg} without a value", True)
+            option, value = arg, words[i]
+            out += [arg, value]
+            i += 1
+        else:
+            option = next((o for o in _JOINED if arg.startswith(o) and len(arg) > len(o)), "")
+            value = arg[len(option):]
+            if option:
+                out.append(arg)
+        if option:
+            if option in ("-o", "-MF"):
+                counts[option] += 1
+                depfile = value if option == "-MF" else depfile
+            elif option == "-x":
+                if value not in _LANGS:
+                    return Whole(f"-x {value}: not a C or C++ compile", True)
+                lang = value
+            continue
+        problem = _host_flag_problem(arg)
+        if problem:
+            return Whole(problem, True)
+        if arg.startswith("-"):
+            if not (arg.startswith(("-O", "-g", "-f", "-m", "-std=", "--std=")) or
+                    (arg.startswith("-W") and not arg.startswith("-Wl,"))):
+                return Whole(f"unknown option {arg}", True)
+        elif _SOURCE.fullmatch(arg) or lang in ("c", "c++"):
+            counts["source"] += 1
+        else:
+            return Whole(f"input {arg} is not a C or C++ source", True)
+        out.append(arg)
+    for what, want in (("-c", 1), ("-o", 1), ("-MF", 1), ("source", 1)):
+        if counts[what] != want:
+            return Whole(f"{counts[what]} {what} arguments, not one", True)
+    if not deps:
+        return Whole("no -MD or -MMD: its -MF file is not written by this run", True)
+    dep_path = absolute(depfile, cwd)
+    if not dep_path.startswith(cwd.rstrip("/") + "/"):
+        return Whole(f"its depfile {depfile} lies outside the build directory", True)
+    if dep_path in {absolute(o, cwd) for o in outputs}:
+        return Whole(f"its depfile {depfile} is one of its outputs", True)
+    return CompleteDepfile(shlex.join(out) if rewritten else command, depfile, rewritten)
+
+
+def precompiled(paths: Iterable[str]) -> str | None:
+    """The first path that is, or lies in, a precompiled header (point 6 of the contract)."""
+    for p in paths:
+        if p.endswith((".gch", ".pch")) or ".gch/" in p or ".pch/" in p:
+            return p
+    return None
+
+
+# nvcc's dependency options: compile_tu writes its own depfile per step.
+_NVCC_DEP_VALUE = ("-MF", "--dependency-output", "-MT", "--dependency-target-name")
+_NVCC_DEP_FLAGS = ("-MD", "-MMD", "-MP", "--generate-dependencies-with-compile",
+                   "--generate-nonsystem-dependencies-with-compile", "--generate-dependency-targets")
+NVCC_DEPS_ONLY = ("-M", "-MM", "--generate-dependencies", "--generate-nonsystem-dependencies")
+_NVCC_HOST = ("-Xcompiler", "--compiler-options")
+_NVCC_BINDIR = ("-ccbin", "--compiler-bindir")
+
+
+def nvcc_dependency_free(args: list[str], narrowed: Iterable[str]) -> tuple[list[str], str | None]:
+    """nvcc's arguments (after `nvcc`) without its dependency options and `-o`, and why the
+    depfiles of compile_tu's own steps could miss a file the run reads (None: they cannot)."""
+    roots = tuple(narrowed)
+    out: list[str] = []
+    why: str | None = None
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name, eq, value = arg.partition("=")
+        if arg in ("-o", "--output-file", *_NVCC_DEP_VALUE):
+            skip = True
+            continue
+        if (eq and name in ("--output-file", *_NVCC_DEP_VALUE)) or arg in _NVCC_DEP_FLAGS:
+            continue
+        out.append(arg)
+        if name in _NVCC_HOST or name in _NVCC_BINDIR:
+            value = value if eq else args[i + 1] if i + 1 < len(args) else ""
+            if name in _NVCC_BINDIR:
+                if not value.startswith("/") or _inside(posixpath.normpath(value), roots):
+                    why = why or f"host compiler {value} lies inside a narrowed input (or is relative)"
+            else:
+                for flag in value.split(","):
+                    why = why or _host_flag_problem(flag)
+        elif arg.startswith(("--options-file", "-optf")):
+            why = why or f"{arg}: an options file"
+    return out, why

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from build_graph import macro_use
 from build_graph.cpp_view import Macros, command_macros, defined_names, view
-from build_graph.depfile import absolute, parse_depfile
-from build_graph.model import Action, ActionCache, ActionResult, Digester, FileEntry, Tree
+from build_graph.depfile import absolute, parse_depfile, stepped_out_of
+from build_graph.model import Action, ActionCache, ActionResult, Digester, DirEntry, FileEntry, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 from build_graph.store.state import BuildState
 
@@ -80,6 +80,19 @@ def _tree_diff(mount: str, old: str, new: str, cas: LocalCas, limit: int = 5) ->
     if len(out) > limit:
         out = out[:limit] + [f"… and {len(out) - limit} more inputs"]
     return out
+
+
+def _through_link(dep: str, cwd: str, root: str, tree: Tree) -> bool:
+    """Whether a `..` of the depfile path `dep` steps out of a symbolic link of `tree` (at `root`)
+    or of a directory below one: the file read is then not the one its normalised path names."""
+    for directory in stepped_out_of(dep, cwd):
+        if not directory.startswith(root + "/"):
+            continue
+        parts = directory[len(root) + 1:].split("/")
+        if any(not isinstance(tree.entries.get("/".join(parts[:i])), (type(None), DirEntry))
+               for i in range(1, len(parts) + 1)):
+            return True
+    return False
 
 
 class Rebuilder:
@@ -198,10 +211,12 @@ class Rebuilder:
         whole: set[str] = set()
         for depfile in action.depfiles:
             entry = tree.entries.get(depfile)
-            if not isinstance(entry, FileEntry):
+            deps = parse_depfile(self.cas.read_bytes(entry).decode(errors="replace")) \
+                if isinstance(entry, FileEntry) else []
+            if not deps:  # missing, not a file, or naming no file: it proves nothing (depfile.py, point 5)
                 whole.update(mounts)
                 continue
-            for dep in parse_depfile(self.cas.read_bytes(entry).decode(errors="replace")):
+            for dep in deps:
                 path = absolute(dep, action.cwd)
                 names.add(path.rpartition("/")[2])
                 for mount, mtree in mounts.items():
@@ -210,9 +225,9 @@ class Rebuilder:
                         if not path.startswith(root + "/"):
                             continue
                         found = mtree.entries.get(path[len(root) + 1:])
-                        if isinstance(found, FileEntry):
+                        if isinstance(found, FileEntry) and not _through_link(dep, action.cwd, root, mtree):
                             reads[mount][path[len(root) + 1:]] = found.digest
-                        elif root == mount:
+                        elif root == mount or isinstance(found, FileEntry):
                             whole.add(mount)
         for mount in whole:
             reads[mount] = {"*": mounts[mount].digest(self.digester)}

@@ -116,13 +116,71 @@ def test_header_edit_recompiles_only_its_includers(ws):
         assert "/bgraph/src/include/demo_offset.cuh" in r["reason"], r
 
 
-def test_edit_to_a_file_no_tu_reads_compiles_nothing(ws):
+def test_edit_to_a_file_no_tu_reads_reconfigures_and_compiles_nothing(ws):
+    """The configure may read any file of the tree, so it re-runs; its outputs come out
+    byte-identical, so every edge after it is cut off: no compile, archive or link runs."""
     (ws.root / "demo" / "README.md").write_text("edited\n")
     (ws.root / "demo" / "include" / "unused.h").write_text("#pragma once\n")
     summary = build_ok(ws)
+    assert ran(summary, ("CmakeConfigure",)) == ["configure"]
     assert ran(summary) == []
-    # The configure is narrowed to the files CMake lists as its own inputs: it did not re-run.
-    assert ran(summary, ("CmakeConfigure",)) == []
+    # Only the custom command runs again (it may read the whole tree), and writes the same table.
+    assert ran(summary, ("CmakeEdge",)) == ["custom_command table.cpp"]
+
+
+def outputs_of(ws: WS) -> dict[str, bytes]:
+    return {name: (ws.root / "bgraph-out" / "demo" / "lib" / name).read_bytes()
+            for name in ("libdemo.so", "libdemo_cuda.a", "libdemo_cpp.a")}
+
+
+def assert_equal_to_a_clean_build(ws: WS, tmp_path: Path) -> None:
+    """The workspace's tree, as it is now, built in an empty cache: the same outputs."""
+    clean = WS(tmp_path / "clean" / "ws", tmp_path / "clean" / "cache")
+    shutil.copytree(ws.root, clean.root, ignore=shutil.ignore_patterns("bgraph-out"))
+    build_ok(clean)
+    assert outputs_of(ws) == outputs_of(clean)
+
+
+def members(ws: WS) -> list[str]:
+    archive = ws.root / "bgraph-out" / "demo" / "lib" / "libdemo_cpp.a"
+    return sorted(subprocess.run(["ar", "t", str(archive)], capture_output=True, text=True, check=True).stdout.split())
+
+
+def test_isystem_header_under_mmd_recompiles_its_includer(ws, tmp_path):
+    """sum.cpp reads sysinclude/demo_sum_start.h through -isystem and its compile writes a -MMD
+    depfile, which leaves the header out: bgraph runs it with -MD, so the edit is seen."""
+    header = ws.root / "demo" / "sysinclude" / "demo_sum_start.h"
+    header.write_text(header.read_text().replace("#define DEMO_SUM_START 0", "#define DEMO_SUM_START 100"))
+    summary = build_ok(ws)
+    assert ran(summary) == ["compile CMakeFiles/demo_cpp.dir/cpp/sum.cpp.o"], ran(summary)
+    dll = ctypes.CDLL(str(ws.root / "bgraph-out" / "demo" / "lib" / "libdemo.so"))
+    values = (ctypes.c_int * 3)(1, 2, 3)
+    assert dll.demo_cpp_sum(values, 3) == 106
+    assert_equal_to_a_clean_build(ws, tmp_path)
+
+
+def test_files_the_configure_reads_that_cmake_does_not_list(ws, tmp_path):
+    """CMake's own re-run inputs leave out what file(GLOB) without CONFIGURE_DEPENDS matched
+    (extra/*.cpp) and what file(READ) read (config/greeting.txt): the configure is keyed on the
+    whole tree, so adding, removing and editing them re-configures, and the outputs are a clean
+    build's."""
+    assert build_ok(ws)["executed"] == 0  # the module's warm build, in another directory: all hits
+    assert members(ws) == ["answer.cpp.o", "greet.cpp.o", "sum.cpp.o"]
+    (ws.root / "demo" / "extra" / "more.cpp").write_text('extern "C" int demo_extra_more(void) { return 7; }\n')
+    (ws.root / "demo" / "config" / "greeting.txt").write_text("hello again\n")
+    summary = build_ok(ws)
+    assert ran(summary, ("CmakeConfigure",)) == ["configure"]
+    assert ran(summary) == ["compile CMakeFiles/demo_cpp.dir/cpp/greet.cpp.o",
+                            "compile CMakeFiles/demo_cpp.dir/extra/more.cpp.o"], ran(summary)
+    assert members(ws) == ["answer.cpp.o", "greet.cpp.o", "more.cpp.o", "sum.cpp.o"]
+    dll = ctypes.CDLL(str(ws.root / "bgraph-out" / "demo" / "lib" / "libdemo.so"))
+    dll.demo_cpp_greet.restype = ctypes.c_char_p
+    assert dll.demo_cpp_greet() == b"hello again"
+    (ws.root / "demo" / "extra" / "answer.cpp").unlink()
+    summary = build_ok(ws)
+    assert ran(summary, ("CmakeConfigure",)) == ["configure"] and ran(summary) == []
+    assert members(ws) == ["greet.cpp.o", "more.cpp.o", "sum.cpp.o"]
+    assert_equal_to_a_clean_build(ws, tmp_path)
 
 
 def test_new_header_shadowing_an_include_recompiles(ws):

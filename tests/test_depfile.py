@@ -18,3 +18,169 @@ def test_dollar_and_empty():
 def test_relative_paths_resolve_against_cwd():
     assert absolute("rel/../d.h", "/bgraph/out") == "/bgraph/out/d.h"
     assert absolute("/bgraph/src/./a.h", "/bgraph/out") == "/bgraph/src/a.h"
+
+
+# -- which imported compiles a depfile may narrow (depfile.py's contract) ----------------------
+
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+from build_graph.depfile import (  # noqa: E402
+    CompleteDepfile, Whole, complete_compile, nvcc_dependency_free, precompiled, shell_words, stepped_out_of)
+
+OUT = "/bgraph/out"
+NARROWED = ("/bgraph/src", "/bgraph/stage", "/bgraph/ext/torch")
+ENV = {"PATH": "/bgraph/toolchain/bin:/usr/bin:/bin"}
+# PyTorch's cpp_extension and FlashInfer's JIT write this rule: -MMD, torch's headers through -isystem.
+TORCH = ("c++ -MMD -MF ops/m/host.o.d -DTORCH_EXTENSION_NAME=m -isystem /bgraph/ext/torch/include -fPIC "
+         "-std=c++17 -O3 -c /bgraph/src/csrc/host.cpp -o ops/m/host.o")
+# CMake's Ninja generator, with a quoted define.
+CMAKE = ('/usr/bin/g++ -DDEMO_GREETING="\\"hello from demo\\"" -I/bgraph/src/include -isystem /bgraph/src/sys '
+         "-O3 -DNDEBUG -std=gnu++17 -fPIC -MD -MT CMakeFiles/d.dir/a.cpp.o -MF CMakeFiles/d.dir/a.cpp.o.d "
+         "-o CMakeFiles/d.dir/a.cpp.o -c /bgraph/src/cpp/a.cpp")
+
+
+def decide(command: str, env=ENV, outputs=("ops/m/host.o",)):
+    return complete_compile(command, env, NARROWED, OUT, outputs)
+
+
+def test_mmd_is_run_as_md_and_nothing_else_changes():
+    found = decide(TORCH)
+    assert isinstance(found, CompleteDepfile) and found.rewritten and found.depfile == "ops/m/host.o.d"
+    assert shlex.split(found.command) == [("-MD" if w == "-MMD" else w) for w in shlex.split(TORCH)]
+    # Both given: GCC lets -MMD win, whatever the order, so every -MMD goes.
+    both = decide(TORCH.replace("-MMD", "-MD -MMD"))
+    assert isinstance(both, CompleteDepfile) and "-MMD" not in shlex.split(both.command)
+
+
+def test_a_complete_command_runs_as_written():
+    found = decide(CMAKE, outputs=("CMakeFiles/d.dir/a.cpp.o",))
+    assert found == CompleteDepfile(CMAKE, "CMakeFiles/d.dir/a.cpp.o.d", False)
+    for extra in ("-include /bgraph/src/pre.h", "-imacros /bgraph/src/m.h", "-idirafter /bgraph/ext/torch/x",
+                  "--sysroot=/bgraph/ext/torch", "-iprefix /bgraph/src/ -iwithprefix inc", "-MP", "-Wall -Werror",
+                  "-x c++", "-g -gsplit-dwarf", "-march=native"):
+        assert isinstance(decide(CMAKE.replace(" -c ", f" {extra} -c "), outputs=()), CompleteDepfile), extra
+
+
+@pytest.mark.parametrize("command, reason", [
+    (TORCH.replace("-MMD ", ""), "no -MD or -MMD"),  # -MF alone: nothing writes it (Ninja's deps = gcc)
+    (TORCH.replace("-MMD -MF ops/m/host.o.d ", ""), "0 -MF"),
+    (TORCH.replace("-MMD", "-MMD -MF other.d"), "2 -MF"),
+    (TORCH.replace("ops/m/host.o.d", "/tmp/host.o.d"), "outside the build directory"),
+    (TORCH.replace("ops/m/host.o.d", "../host.o.d"), "outside the build directory"),
+    (TORCH.replace("ops/m/host.o.d", "ops/m/host.o"), "one of its outputs"),
+    (TORCH.replace("-MMD", "-MM"), "steers"),
+    (TORCH.replace("-MMD", "-MMD -Wp,-MMD,x.d"), "steers"),
+    (TORCH.replace("-fPIC", "-Xpreprocessor -MMD"), "steers"),
+    (TORCH.replace("-fPIC", "@/bgraph/src/flags.rsp"), "response file"),
+    (TORCH.replace("-fPIC", "-specs=/bgraph/src/x.specs"), "may read"),
+    (TORCH.replace("-fPIC", "-B/bgraph/src/bin"), "may read"),
+    (TORCH.replace("-fPIC", "-fplugin=/bgraph/src/p.so"), "may read"),
+    (TORCH.replace("-fPIC", "-fprofile-use=/bgraph/src/prof"), "may read"),
+    (TORCH.replace("-fPIC", "-Wa,-I/bgraph/src"), "may read"),
+    (TORCH.replace("-fPIC", "-wrapper /bgraph/src/w"), "may read"),
+    (TORCH.replace("-fPIC", "-Q"), "unknown option"),
+    (TORCH.replace("csrc/host.cpp", "csrc/host.S"), "not a C or C++ source"),
+    (TORCH.replace("-fPIC", "-x assembler-with-cpp"), "not a C or C++ compile"),
+    (TORCH + " /bgraph/src/csrc/other.cpp", "2 source"),
+    (TORCH.replace("c++", "/bgraph/src/tools/c++", 1), "inside a narrowed input"),
+    (TORCH.replace("c++", "/bgraph/out/c++", 1), "inside a narrowed input"),
+    (TORCH.replace("c++", "tools/c++", 1), "relative path"),
+    (TORCH.replace("c++", "ccache c++", 1), "not a GCC-compatible compiler driver"),
+])
+def test_commands_not_proven_complete_are_not_narrowed(command, reason):
+    found = decide(command)
+    assert isinstance(found, Whole) and reason in found.reason, found
+
+
+def test_shell_commands_and_environments_that_change_what_runs():
+    for command in (f"cd /bgraph/out && {TORCH}", f"{TORCH}; cat /bgraph/src/x", f"{TORCH} > log", f"{TORCH} | tee",
+                    f"FOO=1 {TORCH}", TORCH.replace("-O3", "$CFLAGS"), TORCH.replace("-O3", "`cat f`"),
+                    TORCH.replace("-O3", '"$X"'), TORCH.replace("-O3", "-O3 *.c"), TORCH.replace("-O3", "~/x"),
+                    f"{TORCH} # comment", f"{TORCH}\ncat x", TORCH.replace("-O3", "'unterminated")):
+        assert shell_words(command) is None, command
+        assert isinstance(decide(command), Whole) and not decide(command).compiler
+    assert shell_words("a 'b c' \"d\\\"e\" f\\ g x#y") == ["a", "b c", 'd"e', "f g", "x#y"]
+    assert decide(TORCH, env={"PATH": "/bgraph/ext/torch/bin:/usr/bin"}).reason.startswith("PATH entry")
+    assert "GCC_EXEC_PREFIX" in decide(TORCH, env={**ENV, "GCC_EXEC_PREFIX": "/bgraph/src/"}).reason
+    assert isinstance(decide(TORCH.replace("c++", "x86_64-linux-gnu-g++-12", 1)), CompleteDepfile)
+    assert decide("python3 gen.py -c cfg -o out").compiler is False
+
+
+def test_nvcc_dependency_options_go_and_host_flags_are_checked():
+    args = ["--generate-nonsystem-dependencies-with-compile", "--dependency-output", "k.o.d", "-MT", "k.o",
+            "-MD", "-MMD", "-MF", "k.d", "--dependency-output=x.d", "-MP", "-isystem", "/bgraph/ext/torch/include",
+            "-c", "/bgraph/out/k.cu", "-o", "k.o", "--compiler-options=-fPIC,-Wall"]
+    out, why = nvcc_dependency_free(args, NARROWED)
+    assert out == ["-isystem", "/bgraph/ext/torch/include", "-c", "/bgraph/out/k.cu", "--compiler-options=-fPIC,-Wall"]
+    assert why is None
+    # -MMD reaching the host preprocessor wins over compile_tu's own -MD: the steps are not narrowed.
+    assert "-MMD" in nvcc_dependency_free(["-Xcompiler", "-MMD", "-c", "k.cu"], NARROWED)[1]
+    assert "-Wp" in nvcc_dependency_free(["-Xcompiler=-fPIC,-Wp,-MD,x", "-c", "k.cu"], NARROWED)[1]
+    assert "host compiler" in nvcc_dependency_free(["-ccbin", "/bgraph/src/bin/g++", "-c", "k.cu"], NARROWED)[1]
+    assert nvcc_dependency_free(["-ccbin", "/usr/bin/g++", "-c", "k.cu"], NARROWED)[1] is None
+
+
+def test_precompiled_headers_and_parent_steps():
+    assert precompiled(["a.h", "include/x.h.gch"]) == "include/x.h.gch"
+    assert precompiled(["pch/x.h.gch/a", "b"]) == "pch/x.h.gch/a"
+    assert precompiled(["a.h", "b.cpp"]) is None
+    assert stepped_out_of("/bgraph/src/a/b/../c.h", "/bgraph/out") == ["/bgraph/src/a/b"]
+    assert stepped_out_of("../src/x.h", "/bgraph/out") == ["/bgraph/out"]
+    assert stepped_out_of("/bgraph/src/x.h", "/bgraph/out") == []
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on this machine")
+def test_gcc_md_and_mmd_write_the_same_object_and_only_md_names_system_headers(tmp_path):
+    """What the rewrite relies on, with the machine's GCC: -MMD leaves out headers found through
+    -isystem and -idirafter (not -include or -imacros), -MD names them, and the objects (with
+    debug info) are byte-identical."""
+    for rel, text in {"sys/s.h": "#define S 1\n", "after/a.h": "#define A 2\n", "pre/p.h": "#define P 3\n",
+                      "pre/m.h": "#define M 4\n",
+                      "t.c": "#include <s.h>\n#include <a.h>\nint x = S + A + P + M;\n"}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    flags = ["-g", "-O2", "-isystem", "sys", "-idirafter", "after", "-include", "pre/p.h", "-imacros", "pre/m.h"]
+    objects, deps = {}, {}
+    for mode in ("-MMD", "-MD"):
+        subprocess.run(["gcc", *flags, mode, "-MF", f"{mode}.d", "-c", "t.c", "-o", f"{mode}.o"], cwd=tmp_path,
+                       check=True)
+        objects[mode] = (tmp_path / f"{mode}.o").read_bytes()
+        deps[mode] = parse_depfile((tmp_path / f"{mode}.d").read_text())
+    assert objects["-MMD"] == objects["-MD"]
+    assert {"pre/p.h", "pre/m.h"} <= set(deps["-MMD"]) and not {"sys/s.h", "after/a.h"} & set(deps["-MMD"])
+    assert {"pre/p.h", "pre/m.h", "sys/s.h", "after/a.h"} <= set(deps["-MD"])
+
+
+def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path):
+    """After the run: a missing, empty or file-less depfile, or a path stepping out (`..`) of a
+    symbolic link, keeps the whole mount in the key ({"*": tree digest})."""
+    from build_graph.model import Action, Digester, SymlinkEntry, Tree
+    from build_graph.rebuilder import Rebuilder
+    from build_graph.store.action_cache import LocalActionCache
+    from build_graph.store.cas import LocalCas
+
+    digester = Digester()
+    cas = LocalCas(tmp_path / "cache", digester)
+    rebuilder = Rebuilder(cas, LocalActionCache(cas.base, cas.tmp), digester)
+    src = Tree({"a.cpp": cas.put_bytes(b"int a;"), "inc/x.h": cas.put_bytes(b"x"), "other.h": cas.put_bytes(b"o"),
+                "link": SymlinkEntry("inc"), "real/y.h": cas.put_bytes(b"y")})
+    action = Action("compile a.o", "CmakeCompile", argv=("/bin/true",), inputs=(("/bgraph/src", src),),
+                    outputs=("a.o", "a.o.d"), narrow=("/bgraph/src",), depfiles=("a.o.d",))
+    whole = {"/bgraph/src": {"*": src.digest(digester)}}
+
+    def reads(depfile: str | None):
+        out = Tree({"a.o": cas.put_bytes(b"obj"), **({"a.o.d": cas.put_bytes(depfile.encode())} if depfile is not None
+                                                       else {})})
+        return rebuilder._reads(action, out)[0]
+
+    assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/inc/x.h /usr/include/stdio.h\n") == {
+        "/bgraph/src": {"a.cpp": src.entries["a.cpp"].digest, "inc/x.h": src.entries["inc/x.h"].digest}}
+    assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/real/../other.h\n")["/bgraph/src"]["other.h"]
+    for proves_nothing in (None, "", "a.o:\n", "# nothing\n"):
+        assert reads(proves_nothing) == whole, proves_nothing
+    # /bgraph/src/link/../other.h is inc/../other.h: not /bgraph/src/other.h.
+    assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/link/../other.h\n") == whole

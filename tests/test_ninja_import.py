@@ -29,7 +29,7 @@ with open(f"{out}/generated/mod/kernel.cu", "w") as f:
 gencode = " ".join(f"-gencode=arch=compute_{a.replace('.', '')},code=sm_{a.replace('.', '')}" for a in archs)
 ninja = f"""ninja_required_version = 1.3
 nvcc = /bgraph/toolchain/bin/nvcc
-cflags = -I{src} -O2 -fPIC
+cflags = -I{src} -isystem {src}/sys -O2 -fPIC
 cuda_cflags = -I{src} --compiler-options=-fPIC {gencode}
 rule compile
   command = /usr/bin/g++ -MMD -MF $out.d $cflags -c $in -o $out
@@ -61,12 +61,15 @@ toolchain = "//toolchains:cuda-13.0"
 
 [src]
 kind = "genrule"
-srcs = ["proj/*"]
-outs = ["scale.h", "host.cc", "notes.txt"]
-cmd = "cp $SRC/proj/* $OUT/"
+srcs = ["proj/**"]
+outs = ["scale.h", "host.cc", "notes.txt", "sys/host_value.h"]
+cmd = "cp -R $SRC/proj/. $OUT/"
 """
-SOURCES = {"scale.h": "#define SCALE 2.0f\n", "host.cc": "int host_answer() { return 42; }\n",
-           "notes.txt": "not read by any compile\n"}
+# host.cc reads sys/host_value.h through -isystem, and its rule writes a -MMD depfile (PyTorch's
+# cpp_extension rule), which leaves that header out.
+SOURCES = {"scale.h": "#define SCALE 2.0f\n",
+           "host.cc": "#include <host_value.h>\nint host_answer() { return HOST_VALUE; }\n",
+           "sys/host_value.h": "#define HOST_VALUE 42\n", "notes.txt": "not read by any compile\n"}
 COMPILES = ("CudaHostPreprocess", "CudaDevicePreprocess", "CudaFrontend", "CudaCicc", "CudaPtxas",
             "CudaHostCompile", "NinjaCompile", "NinjaEdge")
 
@@ -75,8 +78,8 @@ def new_ws(root: Path, cache: Path, target: str = TARGET) -> WS:
     copy_toolchains(root)
     (root / "targets" / "gen.toml").write_text(target)
     (root / "gen.py").write_text(GENERATOR)
-    (root / "proj").mkdir()
     for name, text in SOURCES.items():
+        (root / "proj" / name).parent.mkdir(parents=True, exist_ok=True)
         (root / "proj" / name).write_text(text)
     return WS(root, cache)
 
@@ -126,6 +129,23 @@ def test_edits_rerun_only_what_reads_them(ws):
     redone = ran(run.json)
     assert any(n.startswith("devpp ops/mod/kernel.cuda.o") for n in redone), redone
     assert not any(n.startswith(("cicc", "ptxas", "link", "compile ops/mod/host.o")) for n in redone), redone
+
+
+def test_isystem_header_under_mmd_recompiles_the_host_object(ws, tmp_path):
+    """`g++ -MMD` leaves out host_value.h (found through -isystem): bgraph runs the edge with
+    -MD, so an edit to the header recompiles host.o, and the module equals a clean build's."""
+    assert ws.build(LABEL).rc == 0
+    lib = ws.root / "bgraph-out" / "gen" / "mod" / "mod" / "mod.so"
+    before = lib.read_bytes()
+    (ws.root / "proj" / "sys" / "host_value.h").write_text("#define HOST_VALUE 43\n")
+    run = ws.build(LABEL)
+    assert run.rc == 0, run.output[-3000:]
+    assert ran(run.json, ("NinjaCompile",)) == ["compile ops/mod/host.o"], ran(run.json)
+    assert lib.read_bytes() != before
+    clean = new_ws(tmp_path / "clean", tmp_path / "clean-cache")
+    (clean.root / "proj" / "sys" / "host_value.h").write_text("#define HOST_VALUE 43\n")
+    assert clean.build(LABEL, args=("-j", "2")).rc == 0
+    assert (clean.root / "bgraph-out" / "gen" / "mod" / "mod" / "mod.so").read_bytes() == lib.read_bytes()
 
 
 def test_output_glob_matching_nothing_is_one_error_line(tmp_path, cache):

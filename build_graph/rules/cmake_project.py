@@ -1,12 +1,23 @@
 """cmake_project: a CMake/Ninja project imported as bgraph actions.
 
 Round 1 runs the project's own configure once, in the sandbox, as a cached action (no
-network), narrowed to the files CMake says it read (the inputs of Ninja's re-run edge: an edit
-to a source file does not re-configure, as with CMake itself): source at /bgraph/src (a writable copy: configures may generate sources into it),
+network): source at /bgraph/src (a writable copy: configures may generate sources into it),
 build directory /bgraph/out, toolchains at fixed paths, so nothing it writes holds a host
 path. The same action asks Ninja for its graph (see ninja_graph.py). Round 2 plans every
 edge the wanted outputs need as actions (ninja_import.py: nvcc compiles per TU and arch
-through `nvcc_compile.compile_tu`, other compiles narrowed by their depfile).
+through `nvcc_compile.compile_tu`, other compiles narrowed by their depfile where it is proven
+complete, depfile.py).
+
+The configure is keyed on its whole source tree, never narrowed (ARCHITECTURE.md invariant 7).
+CMake's own list of what it read (the inputs of build.ninja's re-run edge) leaves out what
+`file(GLOB)` without CONFIGURE_DEPENDS matched (a file added or removed there), and every file
+`file(READ)`, `file(STRINGS)` or a program run by `execute_process` read: a configure
+narrowed to that list served a stale graph. So an edit anywhere in the tree re-runs it; when
+its outputs come out byte-identical (the build directory, Ninja's view of the graph, the
+sources it generated), no edge's key changes through it (early cutoff): compiles, archives and
+links are hits, and an edit to an unrelated file costs one configure, not a rebuild (custom
+commands, keyed on the whole source tree themselves, run again and are cut off in turn). Only
+a sandbox that records the configure's actual reads could narrow it soundly (not built).
 
 The CMake file API is not queried: its replies list a target's dependencies in an order that
 varies from run to run (the configure would not be reproducible), and Ninja's tools already
@@ -56,11 +67,6 @@ rm -f /bgraph/out/CMakeFiles/CMakeConfigureLog.yaml
 sed -i -E 's/ \([0-9.]+s\)$//' "$log"
 cd /bgraph/out
 "$ninja" -t compdb -x > .bgraph/compdb.json
-# The files the configure read, as CMake itself lists them (the inputs of its re-run edge), as
-# a depfile: the action is narrowed to them (CMake's own rule for when to re-configure).
-"$ninja" -t query build.ninja | sed -n '/^  input:/,/^  outputs:/p' | sed -n 's/^    [|]* *//p' \
-  | sed -n 's|^/bgraph/src/|/bgraph/in/src/|p' | sed 's/ /\\ /g; s/^/ /; s/$/ \\/' \
-  | { echo 'build.ninja: \'; cat; echo; } > .bgraph/configure.d
 "$ninja" -t targets all | sed 's/: [^:]*$//' | tr '\n' '\0' | xargs -0 "$ninja" -t query > .bgraph/query.txt
 # Sources the configure wrote into the tree: everything newer than the inputs' fixed mtime.
 cd /bgraph/src
@@ -181,7 +187,7 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
         "configure", "CmakeConfigure",
         ["/bin/sh", "-c", _CONFIGURE, "configure", cmake, ninja, *(f"-D{k}={v}" for k, v in sorted(cache.items()))],
         inputs={ORIG: source, CMAKE: cmake_tree, NINJA: ninja_tree, **ext}, outputs=["."], env=env,
-        toolchain=toolchain, host=host, memory_mb=2048, narrow=(ORIG,), depfiles=(f"{META}/configure.d",))]
+        toolchain=toolchain, host=host, memory_mb=2048)]  # keyed on the whole tree (see the docstring)
     out = configured.tree
     try:
         graph = load_graph(ctx.read(out.entries[f"{META}/compdb.json"]).decode(),

@@ -7,7 +7,10 @@ target's workspace files (srcs, e.g. a driver script) at /bgraph/ws, external tr
 may `subninja` others) and whatever sources it generates, all under /bgraph/out. Fixed paths:
 nothing it writes holds a host path or a scratch directory. The same action asks Ninja for
 the graph (`-t compdb -x`, `-t query`; see ninja_graph.py). Round 2 plans the edges that the
-wanted outputs need: nvcc compiles per (TU, arch) through compile_tu, with early cutoff.
+wanted outputs need: nvcc compiles per (TU, arch) through compile_tu, with early cutoff; other
+compiles narrowed by their depfile only where depfile.py proves it complete (PyTorch's and
+FlashInfer's `-MMD` rules run as `-MD`: the headers they reach through -isystem count).
+The generator itself is keyed on every file it can read (the whole source tree and srcs).
 
 A cross build (another target CPU) runs the generator here, so what it imports comes from
 `cross.exec_ext` (built for the exec machine, at /bgraph/exec/<name>); the edges then compile and

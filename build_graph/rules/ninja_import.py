@@ -3,10 +3,14 @@
 share. Pure planning; the graph itself comes from Ninja's own tools (ninja_graph.py).
 
 - nvcc compiles go through `nvcc_compile.compile_tu` (per TU and arch, early cutoff), each
-  with its own flags and -gencode list;
-- other compiles (a `-MF` depfile in the command) run as one action narrowed by that depfile;
+  with its own flags and -gencode list, its dependency options replaced by compile_tu's own
+  `-MD` per step (narrowed unless `depfile.nvcc_dependency_free` names a reason not to);
+- other compiles run as one action, narrowed by their depfile only where
+  `depfile.complete_compile` proves it complete (its soundness contract is in depfile.py; a
+  project's `-MMD` is run as `-MD`, which writes the same object); any other compile is keyed
+  on everything it can read, like a custom command;
 - link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
-  build directory.
+  build directory and source tree.
 
 Every edge runs with the build directory staged into /bgraph/out (symlinks into a read-only
 mount), so its command runs verbatim, as Ninja would run it.
@@ -19,18 +23,17 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from build_graph.depfile import (NVCC_DEPS_ONLY, CompleteDepfile, Whole, complete_compile, nvcc_dependency_free,
+                                 precompiled)
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import Edge, NinjaGraph, relative
 from build_graph.nvcc import split_command
-from build_graph.rules.base import OUT, SRC, Parallel, RuleContext
+from build_graph.rules.base import BASE_ENV, OUT, SRC, Parallel, RuleContext
 from build_graph.rules.nvcc_compile import SourceView, compile_tu
 
 STAGE = "/bgraph/stage"
 NVCC = "/bgraph/toolchain/bin/nvcc"
-# Dependency-file options of nvcc's command line: compile_tu writes its own depfiles per step.
-_DEP_FLAGS_WITH_VALUE = ("-o", "-MT", "-MF", "--dependency-output")
 _MAX_FLAT = 200  # of 255 bytes a file name may have: compile_tu adds suffixes such as .devpp.1210.d
-_DEP_FLAGS = ("-MD", "-MMD", "--generate-dependencies-with-compile", "--generate-nonsystem-dependencies-with-compile")
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,16 @@ def import_edges(ctx: RuleContext, graph: NinjaGraph, edges: list[Edge], build_t
     """Sub-plan: `edges` (dependencies first) as actions, in waves of edges whose inputs are
     all built. Returns {build-dir path: FileEntry} of everything built."""
     built: dict[str, object] = {}
+    # A precompiled header in a narrowed tree stands in for a header unnamed by any depfile
+    # (depfile.py, point 6): looked for once per tree, not once per edge.
+    pch = next(filter(None, (precompiled(t.entries) for m, t in [*setting.mounts.items(), (STAGE, build_tree)]
+                             if m in (SRC, STAGE, *_ext(setting.mounts)))), None)
     depth: dict[int, int] = {}
     for edge in edges:
         depth[id(edge)] = 1 + max((depth[id(d)] for d in graph.deps(edge)), default=-1)
     for wave in range(max(depth.values(), default=-1) + 1):
         batch = [e for e in edges if depth[id(e)] == wave]
-        results = yield Parallel(_plan_edge(ctx, graph, e, build_tree, built, setting) for e in batch)
+        results = yield Parallel(_plan_edge(ctx, graph, e, build_tree, built, setting, pch) for e in batch)
         for e, tree in zip(batch, results, strict=True):
             built.update(tree.entries)
     return built
@@ -71,42 +78,43 @@ def _edge_inputs(graph: NinjaGraph, edge: Edge, built: dict) -> Tree:
     return Tree(files)
 
 
-def _without(argv: list[str], flags_with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in flags_with_value:
-            skip = True
-        elif arg not in flags:
-            out.append(arg)
-    return out
-
-
-def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree, built: dict, s: EdgeSetting):
+def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree, built: dict, s: EdgeSetting,
+               pch: str | None):
     """Sub-plan for one edge; returns the tree of its outputs (build-dir paths)."""
     name = edge.outputs[0]
     inputs = _edge_inputs(graph, edge, built)
     argv = split_command(edge.command)  # shlex's rules, without its pure-Python cost per edge
     is_compile = "-c" in argv and "-o" in argv and "&&" not in argv
     narrow = (SRC, STAGE, *_ext(s.mounts))
-    if is_compile and argv[0] == NVCC:
+    linking = any(fnmatch.fnmatchcase(edge.rule, g) for g in s.link_rules)
+    everything = {**s.mounts, STAGE: build_tree.overlaid(inputs)} if is_compile or not linking else {}
+    if is_compile and argv[0] == NVCC and not any(a in NVCC_DEPS_ONLY for a in argv):
         obj = argv[argv.index("-o") + 1]
-        nvcc_args = _without(argv[1:], _DEP_FLAGS_WITH_VALUE, _DEP_FLAGS)
-        view = SourceView({**s.mounts, STAGE: build_tree.overlaid(inputs)}, narrow=narrow,
-                          staged=STAGE, memory_mb=s.memory_mb)
+        nvcc_args, why = nvcc_dependency_free(argv[1:], (*narrow, OUT))
+        view = SourceView(everything, narrow=narrow if why is None else (), staged=STAGE, memory_mb=s.memory_mb)
         flat = _flat_name(obj.removeprefix(OUT + "/"))
         entry = yield from compile_tu(ctx, name, nvcc_args, flat, view, s.toolchain)
         return Tree({name: entry})
-    if is_compile and "-MF" in argv:
-        depfile = relative(argv[argv.index("-MF") + 1], OUT)
-        [done] = yield [ctx.exec_action(
-            f"compile {name}", f"{s.mnemonic}Compile", ["/bin/sh", "-c", edge.command],
-            inputs={**s.mounts, STAGE: build_tree.overlaid(inputs)}, outputs=[*edge.outputs, depfile], env=s.env,
-            toolchain=s.toolchain, host=s.host, memory_mb=s.memory_mb, staged=STAGE,
-            narrow=narrow, depfiles=(depfile,))]
-        return done.tree.select(edge.outputs)
-    if any(fnmatch.fnmatchcase(edge.rule, g) for g in s.link_rules):
+    if is_compile:
+        found = complete_compile(edge.command, {**BASE_ENV, **s.env}, narrow, OUT, edge.outputs)
+        stand_in = pch or precompiled(inputs.entries)
+        if isinstance(found, CompleteDepfile) and stand_in:
+            found = Whole(f"precompiled header {stand_in} in its inputs", True)
+        if isinstance(found, CompleteDepfile):
+            depfile = relative(found.depfile, OUT)
+            [done] = yield [ctx.exec_action(
+                f"compile {name}", f"{s.mnemonic}Compile", ["/bin/sh", "-c", found.command],
+                inputs=everything, outputs=[*edge.outputs, depfile], env=s.env, toolchain=s.toolchain, host=s.host,
+                memory_mb=s.memory_mb, staged=STAGE, narrow=narrow, depfiles=(depfile,))]
+            return done.tree.select(edge.outputs)
+        if found.compiler:
+            # Not proven complete (found.reason): keyed on every file it can read.
+            [done] = yield [ctx.exec_action(
+                f"compile {name}", f"{s.mnemonic}Compile", ["/bin/sh", "-c", edge.command], inputs=everything,
+                outputs=edge.outputs, env=s.env, toolchain=s.toolchain, host=s.host, memory_mb=s.memory_mb,
+                staged=STAGE)]
+            return done.tree
+    if linking:
         # A link or archive reads what Ninja lists (objects, libraries) and the external trees
         # (torch's libraries), never the source tree: an edit to the sources reaches it only
         # through an object that changed.
@@ -114,7 +122,7 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
         seen[STAGE] = inputs
     else:
         # A custom command may read anything in the sources and the build tree (it has no depfile).
-        seen = {**s.mounts, STAGE: build_tree.overlaid(inputs)}
+        seen = everything
     [done] = yield [ctx.exec_action(
         f"{edge.rule.split('__')[0].lower()} {name}", f"{s.mnemonic}Edge", ["/bin/sh", "-c", edge.command],
         inputs=seen, outputs=edge.outputs, env=s.env, toolchain=s.toolchain, host=s.host,
