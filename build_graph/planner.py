@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Container
 
+from build_graph.incremental.filestate import utf8_name
 from build_graph.errors import LoadError, PlanError, where
 from build_graph.configs import Config
 from build_graph.labels import Label
@@ -38,7 +39,7 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
             if not matches:
                 raise LoadError(f"glob {pattern!r} matches no file", where=where(target.file, target.table, key))
             for m in matches:
-                if not _utf8(m):  # a tree path is text: such a name cannot be keyed or mounted
+                if not utf8_name(m):  # a tree path is text: such a name cannot be keyed or mounted
                     raise LoadError(f"glob {pattern!r} matches {m.encode('utf-8', 'surrogateescape')!r}, whose "
                                     "name is not valid UTF-8", where=where(target.file, target.table, key),
                                     hint="rename the file (e.g. `convmv -f latin1 -t utf-8`), or narrow the glob")
@@ -51,14 +52,6 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
         have += new
         known.update(new)
     return out
-
-
-def _utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)

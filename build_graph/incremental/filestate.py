@@ -73,3 +73,12 @@ def same_but_links(old: Stamp, new: Stamp) -> bool:
     link of it does (the CAS links blobs into trees). Only a caller that just verified the file,
     and made the links itself, may take the new stamp on this ground."""
     return old[:2] == new[:2] and old[3:] == new[3:]
+
+
+def utf8_name(name: str) -> bool:
+    """Whether a path read from the file system (surrogate-escaped) is valid UTF-8 text."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False

@@ -87,18 +87,11 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
                 if stat_mod.S_ISDIR(st[4]):
                     raise Unrecordable(f"{entry.path} links to a directory")
                 name = entry.path[prefix:]
-                if _surrogate(name):  # the record is JSON: such a name is kept as its bytes in hex
+                if not filestate.utf8_name(name):  # the record is JSON: such a name is kept as its bytes in hex
                     name = "\0" + name.encode("utf-8", "surrogateescape").hex()
                 files[name] = st
     return files
 
-
-def _surrogate(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
 
 
 @functools.cache
