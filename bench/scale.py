@@ -72,7 +72,9 @@ def redefine_target(root: Path, i: int) -> None:
     target stays as it was."""
     toml = root / "targets" / "many.toml"
     old = f'cmd = "cp $SRC/src/f{i}.txt $OUT/o{i}.txt"'
-    toml.write_text(toml.read_text().replace(old, old[:-1] + f' && echo >> $OUT/o{i}.txt"', 1))
+    # cat, not cp: cp keeps the input's read-only mode, and an action (no capability, as root
+    # too) cannot then append to its own copy.
+    toml.write_text(toml.read_text().replace(old, f'cmd = "cat $SRC/src/f{i}.txt > $OUT/o{i}.txt && echo >> $OUT/o{i}.txt"', 1))
 
 
 def redefine_edge(root: Path, i: int) -> None:
