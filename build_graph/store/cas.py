@@ -642,6 +642,8 @@ class LocalCas:
         if bad:
             raise CorruptBlob(f"cannot materialize: {len(bad)} blob(s) missing or corrupted, e.g. {bad[0]}")
         for path in tree.entries:
+            if path.startswith("/") or "/../" in f"/{path}/" or "/./" in f"/{path}/":
+                raise StoreError(f"cannot materialize: {path!r} is not a path inside the tree")
             # Never create anything through a symlink (or below a file): it could land outside.
             parent = path.rpartition("/")[0]
             while parent:

@@ -124,10 +124,11 @@ def _decode_value(v: Any) -> Any:
 
 
 def _decode_tree(rows: list) -> Any:
+    # As the state file's rows are read (store/state.py): paths were checked when the tree was
+    # made, and materialize refuses a path below a link or outside the tree whatever its source.
     from build_graph.model import DirEntry, FileEntry, SymlinkEntry, Tree
-    # Tree() checks every path again: what the cache holds is data, never trusted as code or paths.
-    return Tree({r[0]: FileEntry(r[1], r[2], r[3]) if len(r) == 4 else SymlinkEntry(r[1]) if len(r) == 2
-                 else DirEntry() for r in rows})
+    return Tree.from_checked({r[0]: FileEntry(r[1], r[2], r[3]) if len(r) == 4 else SymlinkEntry(r[1])
+                              if len(r) == 2 else DirEntry() for r in rows})
 
 
 def _encode_entry(e: Entry) -> list:
@@ -139,7 +140,7 @@ def _encode_entry(e: Entry) -> list:
 def _decode_entry(raw: list) -> Entry:
     from build_graph.model import TargetOutput
     sources, rows, info, actions, deps, node, volatile, definition = raw
-    return Entry(tuple(sources), TargetOutput(_decode_tree(rows), _decode_value(info)),
+    return Entry(tuple(sources), TargetOutput(_decode_tree(rows), _decode_value(info) if info else {}),
                  tuple(tuple(a) for a in actions), tuple(deps), node, bool(volatile), definition)
 
 
