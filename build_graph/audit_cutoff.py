@@ -182,7 +182,8 @@ class Cutoff:
     def _not_read(self, base: Action, hit: Hit, action: Action) -> bool:
         """Whether a preprocessing step differs from its baseline counterpart only in toolkit
         files its depfile says it did not read (see the module docstring)."""
-        if base.toolchain == action.toolchain or not base.depfiles:
+        depfiles = base.discovery.depfiles if base.discovery is not None else ()
+        if base.toolchain == action.toolchain or not depfiles:
             return False
         mine = dict(action.inputs)
         toolkit = None
@@ -200,7 +201,7 @@ class Cutoff:
             return False
         differ, names = toolkit
         read = []
-        for depfile in base.depfiles:
+        for depfile in depfiles:
             entry = hit.tree.entries.get(depfile)
             if not isinstance(entry, FileEntry):
                 return False

@@ -264,7 +264,8 @@ class BuildRun:
             if e.options.dry_run:  # this target (and what needs it) can plan no further
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "would-run", reason))
                 continue
-            same = action.key(e.digester) if cached is None and action.cacheable and not action.narrow else None
+            narrowed = action.discovery is not None and action.discovery.mounts
+            same = action.key(e.digester) if cached is None and action.cacheable and not narrowed else None
             if same is not None and same in self.running_keys:
                 self.followers[self.running_keys[same]][1].append((label, slot, action))
                 state.running += 1

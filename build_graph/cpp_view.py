@@ -7,7 +7,7 @@ it: the preprocessor writes a skipped line as an empty line. `view(data, macros)
 with the lines of every group such a run skips made empty (the directives that open and close
 groups kept, the line count kept). Two versions of a file with equal views give the same
 preprocessed output, the same depfile and so the same compile; the rebuilder then takes the
-earlier result (rebuilder.py, `Action.cpp_input`).
+earlier result (rebuilder.py, `incremental/discovery.Preprocessed`).
 
 A group is skipped only when that is certain: its condition is built from integers, `defined`
 and macros whose values the command line fixes (`-D`, `-U`; a `__CUDA_ARCH*` name it does not

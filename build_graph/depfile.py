@@ -5,19 +5,21 @@ No maintained Python package reads this format, and it is small: rules `target: 
 with backslash-newline continuations, `\\ ` for a space in a name and `$$` for `$`.
 
 Deciding (input discovery for imported commands, ARCHITECTURE.md invariant 7). The rebuilder
-files an action with `narrow` mounts under the files its depfile names (rebuilder.py): an edit
-to any other file of those mounts is a hit. That is sound only if the depfile names **every**
-file of the narrowed mounts that the run could have read. bgraph's own preprocessing steps
-(nvcc_compile.py) append `-MD -MF` themselves. A command a project wrote (an imported Ninja
-edge: CMake's, PyTorch's cpp_extension's, FlashInfer's JIT build.ninja) is not trusted as
-written: `-MMD` (and `-MM`, nvcc's `--generate-nonsystem-dependencies[-with-compile]`) leaves
-out every header found in a system directory, and a header reached through `-isystem
-/bgraph/ext/torch/include` (or `-idirafter`, `--sysroot`, `-isysroot`, `-iprefix`/`-iwithprefix`)
-is such a header: an edit to it was a cache hit.
+files an action whose strategy is `incremental/discovery.Depfile` under the files its depfile
+names in the narrowed mounts: an edit to any other file of those mounts is a hit. That is sound
+only if the depfile names **every** file of the narrowed mounts that the run could have read.
+bgraph's own preprocessing steps (nvcc_compile.py) append `-MD -MF` themselves. A command a
+project wrote (an imported Ninja edge: CMake's, PyTorch's cpp_extension's, FlashInfer's JIT
+build.ninja) is not trusted as written: `-MMD` (and `-MM`, nvcc's
+`--generate-nonsystem-dependencies[-with-compile]`) leaves out every header found in a system
+directory, and a header reached through `-isystem /bgraph/ext/torch/include` (or `-idirafter`,
+`--sysroot`, `-isysroot`, `-iprefix`/`-iwithprefix`) is such a header: an edit to it was a cache
+hit.
 
-The strategy, `complete_compile(command)`, either returns the command rewritten to a form whose
-depfile is complete, or says why it cannot (`Whole`): that edge is then keyed on every input it
-can read (its whole mounts), never narrowed. Its soundness contract:
+The decision, `complete_compile(command)`, either returns the command rewritten to a form whose
+depfile is complete (rules/ninja_import.py then plans it with a `Depfile` strategy), or says why
+it cannot (`Whole`): that edge is then keyed on every input it can read (its whole mounts),
+never narrowed. Its soundness contract:
 
 1. The command is one simple shell command (no operator, redirection, expansion, glob, comment
    or assignment): what runs is exactly the words it names, and nothing else.

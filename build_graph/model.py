@@ -11,12 +11,13 @@ import hashlib
 import json
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 import blake3
 import orjson
 
-from build_graph import macro_use
+if TYPE_CHECKING:  # the strategies (incremental/discovery.py) import this module
+    from build_graph.incremental.discovery import Discovery
 
 DIGEST_FUNCTIONS = ("blake3", "sha256")
 FETCH_KEY_FIELDS = ("sha256", "filename")
@@ -289,36 +290,15 @@ class Action:
     # An input mount whose files appear (as symlinks into its read-only mount) inside the
     # writable /bgraph/out before the run: imported Ninja edges write next to their inputs.
     staged: str | None = None
-    # Mounts whose content is narrowed, after a run, to the files the depfiles name (see
-    # rebuilder.py): a change to a file the action did not read is then not a miss.
-    narrow: tuple[str, ...] = ()
-    depfiles: tuple[str, ...] = ()
-    # The narrowed mounts reach the outputs only through a GCC-compatible preprocessor run with
-    # argv's macros (rebuilder.py, cpp_view.py): an edit it provably skips is not a miss. Not
-    # part of the key: it says how a recorded run may be matched, not what runs.
-    cpp_input: bool = False
-    # A file under /bgraph/out where the gcc_macro_use plugin writes which -D/-U names the run
-    # used (macro_use.py): the prekey then leaves out the arch macros' -D/-U, and a recorded run
-    # fits a command line that differs only in arch macros it never consulted.
-    macro_record: str = ""
+    # How a recorded run is matched to this one where it is keyed on less than all it can read
+    # (incremental/discovery.py: depfile narrowing, preprocessed views, recorded macros); its
+    # description joins the key. None: keyed on every input.
+    discovery: Discovery | None = None
 
     @property
     def manifested(self) -> bool:
-        """Filed under a prekey's manifest (rebuilder.py): narrowed inputs, recorded macros, or both."""
-        return self.cacheable and bool(self.narrow or self.macro_record)
-
-    def _macro_split(self) -> tuple[list[str], dict[str, list[str]]] | None:
-        """macro_use.split(argv) where the macros are recorded (memoized: argv never changes)."""
-        memo = self.__dict__.get("_split")
-        if memo is None:
-            memo = (macro_use.split(self.argv) if self.macro_record else None,)
-            object.__setattr__(self, "_split", memo)
-        return memo[0]
-
-    def macro_ops(self) -> dict[str, list[str]] | None:
-        """The -D/-U arguments by name, where the prekey leaves them out; else None."""
-        split = self._macro_split()
-        return split[1] if split is not None else None
+        """Filed under a prekey's manifest (rebuilder.py): its discovery narrows inputs, records macros, or both."""
+        return self.cacheable and self.discovery is not None and self.discovery.narrows
 
     def description(self, digester: Digester) -> dict[str, Any]:
         """The canonical description the key is the digest of. Names and labels are left out
@@ -331,16 +311,15 @@ class Action:
         return self._memo("_prekey_description", digester, lambda: self._describe(digester, narrowed=True))
 
     def _describe(self, digester: Digester, narrowed: bool) -> dict[str, Any]:
-        argv = list(self.argv)
-        split = self._macro_split() if narrowed else None
-        if split is not None:
-            argv = [*split[0], "(-D/-U left out: recorded per run)"]
+        argv, left_out = list(self.argv), ()
+        if narrowed and self.discovery is not None:
+            argv, left_out = self.discovery.prekey_argv(self.argv), self.discovery.mounts
         described = {
             "kind": self.kind,
             "mnemonic": self.mnemonic,
             "argv": argv,
             "env": dict(self.env),
-            "inputs": {mount: "narrowed" if narrowed and mount in self.narrow else tree.digest(digester)
+            "inputs": {mount: "narrowed" if mount in left_out else tree.digest(digester)
                        for mount, tree in self.inputs},
             "outputs": list(self.outputs),
             "platform": self.platform,
@@ -354,10 +333,11 @@ class Action:
                      else dict(self.spec)),
         }
         # Only when set, so actions that use none of them keep their keys.
-        for name in ("exec_platform", "staged", "narrow", "depfiles", "macro_record"):
-            value = getattr(self, name)
-            if value:
-                described[name] = value if isinstance(value, str) else list(value)
+        for name in ("exec_platform", "staged"):
+            if getattr(self, name):
+                described[name] = getattr(self, name)
+        if self.discovery is not None:
+            described.update(self.discovery.described())
         return described
 
     def _memo(self, attr: str, digester: Digester, compute):

@@ -158,6 +158,7 @@ def test_gcc_md_and_mmd_write_the_same_object_and_only_md_names_system_headers(t
 def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path):
     """After the run: a missing, empty or file-less depfile, or a path stepping out (`..`) of a
     symbolic link, keeps the whole mount in the key ({"*": tree digest})."""
+    from build_graph.incremental.discovery import Depfile
     from build_graph.model import Action, Digester, SymlinkEntry, Tree
     from build_graph.rebuilder import Rebuilder
     from build_graph.store.action_cache import LocalActionCache
@@ -169,13 +170,13 @@ def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path)
     src = Tree({"a.cpp": cas.put_bytes(b"int a;"), "inc/x.h": cas.put_bytes(b"x"), "other.h": cas.put_bytes(b"o"),
                 "link": SymlinkEntry("inc"), "real/y.h": cas.put_bytes(b"y")})
     action = Action("compile a.o", "CmakeCompile", argv=("/bin/true",), inputs=(("/bgraph/src", src),),
-                    outputs=("a.o", "a.o.d"), narrow=("/bgraph/src",), depfiles=("a.o.d",))
+                    outputs=("a.o", "a.o.d"), discovery=Depfile(("/bgraph/src",), ("a.o.d",)))
     whole = {"/bgraph/src": {"*": src.digest(digester)}}
 
     def reads(depfile: str | None):
         out = Tree({"a.o": cas.put_bytes(b"obj"), **({"a.o.d": cas.put_bytes(depfile.encode())} if depfile is not None
                                                        else {})})
-        return rebuilder._reads(action, out)[0]
+        return action.discovery.reads(rebuilder.files, action, out)["reads"]
 
     assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/inc/x.h /usr/include/stdio.h\n") == {
         "/bgraph/src": {"a.cpp": src.entries["a.cpp"].digest, "inc/x.h": src.entries["inc/x.h"].digest}}

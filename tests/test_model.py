@@ -9,6 +9,7 @@ import blake3
 import pytest
 
 from bgraph_testlib import action, recorded_traces, requires_bwrap
+from build_graph.incremental.discovery import Depfile, Preprocessed, RecordedMacros
 from build_graph.model import (Action, DirEntry, Digester, FileEntry, HostTool, SymlinkEntry, Tree,
                                canonical_json, check_relpath, key_json)
 
@@ -191,11 +192,29 @@ def test_action_key_ignores_name():
     dict(cwd="/bgraph/out/sub"),
     dict(host_paths=("/usr", "/opt")),
     dict(staged="/bgraph/src"),
-    dict(narrow=("/bgraph/src",)),
-    dict(depfiles=("a.d",)),
+    dict(discovery=Depfile(("/bgraph/src",))),
+    dict(discovery=Depfile(depfiles=("a.d",))),
+    dict(discovery=RecordedMacros(record="a.macros")),
 ])
 def test_action_key_changes_with_what_it_runs(change):
     assert base_action(**change).key(B3) != base_action().key(B3)
+
+
+def test_discovery_joins_the_key_spelled_as_the_action_fields_it_replaced():
+    """narrow, depfiles and macro_record were Action fields; the strategy that holds them now writes
+    them into the description as they were (sorted mounts, lists, only when set), so no key moved.
+    A depfile alone narrows nothing: such an action is keyed on all its inputs, not manifested."""
+    argv = ("gcc", "-D__CUDA_ARCH__=1200", "-E", "a.cu")
+    strategy = Preprocessed(("/bgraph/src", "/bgraph/ext/x"), ("a.d",), "a.macros")
+    action = base_action(argv=argv, discovery=strategy)
+    old_spelling = {**base_action(argv=argv).description(B3), "narrow": ["/bgraph/ext/x", "/bgraph/src"],
+                    "depfiles": ["a.d"], "macro_record": "a.macros"}
+    assert action.description(B3) == old_spelling and action.key(B3) == B3.of_json(old_spelling)
+    assert action.prekey_description(B3)["argv"] == ["gcc", "-E", "a.cu", "(-D/-U left out: recorded per run)"]
+    assert action.prekey_description(B3)["inputs"]["/bgraph/src"] == "narrowed" and action.manifested
+    assert not base_action(discovery=Preprocessed(depfiles=("a.d",))).manifested
+    assert base_action(discovery=RecordedMacros(record="a.macros")).manifested
+    assert not base_action(discovery=Depfile(("/bgraph/src",)), cacheable=False).manifested
 
 
 def test_action_key_depends_on_digest_function():

@@ -13,6 +13,7 @@ from typing import Any, Callable, Generator, Iterable
 from pydantic import BaseModel, ConfigDict
 
 from build_graph.errors import PlanError, where
+from build_graph.incremental.discovery import Discovery
 from build_graph.labels import Label, parse_label
 from build_graph.model import Action, Digester, FileEntry, HostTool, TargetOutput, Tree
 
@@ -115,12 +116,10 @@ class RuleContext:
         memory_mb: int = 512,
         cwd: str = OUT,
         staged: str | None = None,
-        narrow: tuple[str, ...] = (),
-        depfiles: tuple[str, ...] = (),
-        cpp_input: bool = False,
-        macro_record: str = "",
+        discovery: Discovery | None = None,
     ) -> Action:
-        """A sandboxed action with the base environment, this platform and rule version."""
+        """A sandboxed action with the base environment, this platform and rule version;
+        `discovery`: how it is matched where keyed on less than all it reads (incremental/discovery.py)."""
         full_env = dict(BASE_ENV)
         full_env.update(env or {})
         mounts = dict(inputs)
@@ -167,10 +166,7 @@ class RuleContext:
             memory_mb=memory_mb,
             rule_version=self.rule_version,
             staged=staged,
-            narrow=tuple(sorted(narrow)),
-            depfiles=tuple(depfiles),
-            cpp_input=cpp_input,
-            macro_record=macro_record,
+            discovery=discovery,
         )
 
     def fetch_action(self, pin_name: str, key: str, platform: str | None = None) -> Action:

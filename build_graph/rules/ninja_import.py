@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from build_graph.depfile import (NVCC_DEPS_ONLY, CompleteDepfile, Whole, complete_compile, nvcc_dependency_free,
                                  precompiled)
+from build_graph.incremental.discovery import Depfile
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import Edge, NinjaGraph, relative
 from build_graph.nvcc import split_command
@@ -105,7 +106,7 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
             [done] = yield [ctx.exec_action(
                 f"compile {name}", f"{s.mnemonic}Compile", ["/bin/sh", "-c", found.command],
                 inputs=everything, outputs=[*edge.outputs, depfile], env=s.env, toolchain=s.toolchain, host=s.host,
-                memory_mb=s.memory_mb, staged=STAGE, narrow=narrow, depfiles=(depfile,))]
+                memory_mb=s.memory_mb, staged=STAGE, discovery=Depfile(narrow, (depfile,)))]
             return done.tree.select(edge.outputs)
         if found.compiler:
             # Not proven complete (found.reason): keyed on every file it can read.

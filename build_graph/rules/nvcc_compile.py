@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from build_graph import macro_use
+from build_graph.incremental.discovery import Preprocessed, RecordedMacros
 from build_graph.model import Action, TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
 from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
@@ -105,7 +106,7 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             files.update({alias: produced[orig] for alias, orig in s.aliases.items()})
             inputs = {"/bgraph/in": Tree(files)}
             argv, outputs = list(s.argv), [s.output_path(n) for n in s.outputs]
-            narrow: dict = {}
+            record = ""
             stem = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}"
             if s.kind == "cudafe":
                 # cudafe++ derives the module id from the source file it names (stat of
@@ -114,21 +115,22 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 inputs.update(_source_file(nvcc_args, view))
             if s.reads_source:
                 inputs.update(view.mounts)
-                depfile = f"{stem}.d"
-                argv += ["-MD", "-MF", f"{OUT}/{depfile}"]
-                outputs.append(depfile)
-                # gcc -E with its full -MD depfile: an edit it skips (another arch's #if group) is a hit.
-                narrow = {"narrow": view.narrow, "depfiles": (depfile,), "staged": view.staged, "cpp_input": True}
+                argv += ["-MD", "-MF", f"{OUT}/{stem}.d"]
+                outputs.append(f"{stem}.d")
             if plugin and s.kind in ("hostpp", "devpp", "hostcc"):
                 # GCC writes down the -D/-U it used: an added arch re-runs no step that never read the list.
                 argv += macro_use.plugin_args(f"{TOOLCHAIN}/{plugin}", f"{OUT}/{stem}.macros")
                 outputs.append(f"{stem}.macros")
-                narrow["macro_record"] = f"{stem}.macros"
+                record = f"{stem}.macros"
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
+            # gcc -E with its full -MD depfile: an edit it skips (another arch's #if group) is a hit.
+            discovery = (Preprocessed(view.narrow, (f"{stem}.d",), record) if s.reads_source
+                         else RecordedMacros(record=record) if record else None)
             return ctx.exec_action(
                 f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
                 outputs=outputs, env=env, toolchain=toolchain, memory_mb=view.memory_mb if heavy else 256,
-                cwd=view.cwd if s.reads_source else OUT, **narrow)
+                cwd=view.cwd if s.reads_source else OUT, staged=view.staged if s.reads_source else None,
+                discovery=discovery)
         return action
 
     # Each step runs once the steps it reads from are done: ptxas 121a never waits for cicc 120a.

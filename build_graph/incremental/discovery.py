@@ -1,0 +1,336 @@
+"""Input discovery: how an action keyed on less than all it can read is matched to a recorded run
+(ARCHITECTURE.md invariant 7). A strategy is `Action.discovery`; None keys an action on every
+input it can read. Each strategy states its soundness contract and the invocations it is allowed
+for; a rule that cannot prove its command is one of them plans no strategy.
+
+An action whose strategy narrows something (`narrows`) is filed under a prekey: its key with the
+narrowed mounts, and any recorded -D/-U, left out (model.py). The prekey's manifest lists earlier
+runs: the digests of the files each read, by its depfiles, in the narrowed mounts; for the name of
+each file it read anywhere, every path with that name in each narrowed mount (a file added or
+removed under such a name could change what an #include finds, so the entry is stale); and, where
+recorded, its -D/-U with the record of which it used (macro_use.py). A build checks the entries by
+digest before running anything, so an edit to a file the run did not read is a hit. The rebuilder
+(rebuilder.py) asks the strategy, one method each: `reads` (the entry of a finished run),
+`differences` (why an entry does not fit now), `macro_fit` (which differing -D/-U the run never
+used) and `unseen_edit` (whether what changed changed only where the run does not look).
+`described()` is what joins the key, spelled as these fields were on Action ("narrow", "depfiles",
+"macro_record": tests/test_golden_keys.py), so no key moved.
+
+This module knows keys, stored blobs and traces, never rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from build_graph import macro_use
+from build_graph.cpp_view import Macros, command_macros, defined_names, view
+from build_graph.depfile import absolute, parse_depfile, stepped_out_of
+from build_graph.model import Action, Digester, DirEntry, FileEntry, Tree
+from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+
+
+def short(d: Any) -> str:
+    return str(d)[:12] + "…" if d else "none"
+
+
+@lru_cache(maxsize=8192)
+def _split(argv: tuple[str, ...]) -> tuple[list[str], dict[str, list[str]]] | None:
+    return macro_use.split(argv)  # argv never changes: one split per command line (do not mutate it)
+
+
+def _roots(action: Action, mount: str) -> tuple[str, ...]:
+    """Where a mount is seen in the sandbox: a staged mount also at /bgraph/out, through symlinks."""
+    return (mount, "/bgraph/out") if mount == action.staged else (mount,)
+
+
+def _through_link(dep: str, cwd: str, root: str, tree: Tree) -> bool:
+    """Whether a `..` of the depfile path `dep` steps out of a symbolic link of `tree` (at `root`)
+    or of a directory below one: the file read is then not the one its normalised path names."""
+    for directory in stepped_out_of(dep, cwd):
+        if not directory.startswith(root + "/"):
+            continue
+        parts = directory[len(root) + 1:].split("/")
+        if any(not isinstance(tree.entries.get("/".join(parts[:i])), (type(None), DirEntry))
+               for i in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+class Contents:
+    """What strategies read of stored files: an output tree's depfiles and macro record, blobs
+    checked against their digests, and memos of views and defined names (one header, many TUs
+    and archs). One per rebuilder."""
+
+    def __init__(self, cas: LocalCas, digester: Digester):
+        self.cas, self.digester = cas, digester
+        self._defines: dict[str, frozenset[str]] = {}  # digest or host path -> defined_names
+        self._views: dict[tuple, str | None] = {}  # (content digest, macros) -> digest of its view
+
+    def depfile(self, tree: Tree, path: str) -> list[str] | None:
+        """What the depfile at `path` of an output tree names (None: not a file there)."""
+        entry = tree.entries.get(path)
+        if not isinstance(entry, FileEntry):
+            return None
+        return parse_depfile(self.cas.read_bytes(entry).decode(errors="replace"))
+
+    def macro_record(self, tree: Tree, path: str) -> macro_use.Record | None:
+        """What the gcc-macro-use plugin wrote at `path` (None: missing or incomplete)."""
+        entry = tree.entries.get(path)
+        if not isinstance(entry, FileEntry):
+            return None
+        try:
+            return macro_use.parse_record(self.cas.read_bytes(entry).decode(errors="replace"))
+        except (CorruptBlob, StoreError, OSError):
+            return None
+
+    def same_views(self, pairs: list[tuple[str, FileEntry]], macros: Macros) -> bool:
+        """Whether each (digest read, file now) pair has one view under `macros`."""
+        for before, now in pairs:
+            seen = self._view(before, macros)
+            if seen is None or seen != self._view(now.digest, macros, now):
+                return False
+        return True
+
+    def _view(self, digest: str, macros: Macros, entry: FileEntry | None = None) -> str | None:
+        """The digest of view(content, macros), memoized."""
+        memo_key = (digest, macros.identity())
+        if memo_key not in self._views:
+            data = self._content(digest, entry)
+            seen = view(data, macros) if data is not None else None
+            self._views[memo_key] = self.digester.of(seen) if seen is not None else None
+        return self._views[memo_key]
+
+    def _content(self, digest: str, entry: FileEntry | None = None) -> bytes | None:
+        """A file's bytes, checked against its digest (`entry`: a source maybe hashed but not
+        yet stored); None if gone or damaged."""
+        try:
+            if entry is not None:
+                return self.cas.read_bytes(entry)
+            data = self.cas.blob_path(digest).read_bytes()
+        except (CorruptBlob, StoreError, OSError):
+            return None
+        return data if self.digester.of(data) == digest else None
+
+    def defined(self, digest: str, entry: FileEntry | None = None) -> frozenset[str] | None:
+        """defined_names of a stored file (memoized by digest), or None if it is gone or damaged."""
+        names = self._defines.get(digest)
+        if names is None:
+            data = self._content(digest, entry)
+            if data is None:
+                return None
+            names = self._defines[digest] = defined_names(data)
+        return names
+
+    def defined_in(self, action: Action, path: str) -> frozenset[str] | None:
+        """defined_names of the file at sandbox `path`, from the action's inputs or its host
+        paths (memoized by digest or host path); None if it is not there."""
+        for mount, tree in action.inputs:
+            for root in _roots(action, mount):
+                if path.startswith(root + "/"):
+                    entry = tree.entries.get(path[len(root) + 1:])
+                    return self.defined(entry.digest, entry) if isinstance(entry, FileEntry) else None
+        if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
+            names = self._defines.get(path)
+            if names is None:
+                try:
+                    with open(path, "rb") as f:
+                        names = self._defines[path] = defined_names(f.read())
+                except OSError:
+                    return None
+            return names
+        return None
+
+
+Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
+Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What the strategies share. `mounts`: input mounts narrowed to the files the depfiles name;
+    `depfiles`: files of the output tree naming what the run read (a depfile of an action with no
+    narrowed mount narrows nothing: it is described all the same); `record`: the output file where
+    the gcc_macro_use plugin writes which -D/-U the run used (macro_use.py)."""
+
+    mounts: tuple[str, ...] = ()
+    depfiles: tuple[str, ...] = ()
+    record: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mounts", tuple(sorted(self.mounts)))  # as the key spells them
+
+    @property
+    def narrows(self) -> bool:
+        """Whether the action is filed under a prekey's manifest: a mount narrowed, or -D/-U recorded."""
+        return bool(self.mounts or self.record)
+
+    def described(self) -> dict[str, Any]:
+        """What joins the key: each field that is set."""
+        fields = {"narrow": list(self.mounts), "depfiles": list(self.depfiles), "macro_record": self.record}
+        return {k: v for k, v in fields.items() if v}
+
+    def prekey_argv(self, argv: tuple[str, ...]) -> list[str]:
+        """argv as the prekey has it: without the recorded -D/-U."""
+        split = _split(tuple(argv)) if self.record else None
+        return [*split[0], "(-D/-U left out: recorded per run)"] if split is not None else list(argv)
+
+    def macro_ops(self, argv: tuple[str, ...]) -> dict[str, list[str]] | None:
+        """The -D/-U arguments by name, where the prekey leaves them out; else None."""
+        split = _split(tuple(argv)) if self.record else None
+        return split[1] if split is not None else None
+
+    def reads(self, files: Contents, action: Action, tree: Tree) -> dict[str, Any]:
+        """The manifest entry of a finished run (the rebuilder adds its key): what it read in each
+        narrowed mount (path -> digest), by its depfiles; a mount whose reads cannot be told (a
+        depfile missing or naming nothing, a path through a symlink) recorded whole: {"*": tree
+        digest}; the shadowing names; its -D/-U and the plugin's record, where recorded."""
+        mounts = {m: action.input_tree(m) for m in self.mounts}
+        reads: dict[str, dict[str, str]] = {m: {} for m in mounts}
+        names: set[str] = set()
+        whole: set[str] = set()
+        for depfile in self.depfiles:
+            deps = files.depfile(tree, depfile)
+            if not deps:  # missing, not a file, or naming no file: it proves nothing (depfile.py, point 5)
+                whole.update(mounts)
+                continue
+            for dep in deps:
+                path = absolute(dep, action.cwd)
+                names.add(path.rpartition("/")[2])
+                for mount, mtree in mounts.items():
+                    for root in _roots(action, mount):
+                        if not path.startswith(root + "/"):
+                            continue
+                        found = mtree.entries.get(path[len(root) + 1:])
+                        if isinstance(found, FileEntry) and not _through_link(dep, action.cwd, root, mtree):
+                            reads[mount][path[len(root) + 1:]] = found.digest
+                        elif root == mount or isinstance(found, FileEntry):
+                            whole.add(mount)
+        for mount in whole:
+            reads[mount] = {"*": mounts[mount].digest(files.digester)}
+        indexes = {m: t.by_name() for m, t in mounts.items()}
+        entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in sorted(names) if n in index}
+                                                           for m, index in indexes.items()}}
+        ops = self.macro_ops(action.argv)
+        if ops is not None:
+            record = files.macro_record(tree, self.record)
+            entry.update(macros=ops, record=record.to_json() if record else None)
+        return entry
+
+    def differences(self, files: Contents, action: Action, entry: dict[str, Any], limit: int | None = None
+                    ) -> tuple[Changed, list[str]]:
+        """(each file it read whose content is not what it read; every other reason the entry
+        does not fit the action). Stops after `limit` of either."""
+        changed: Changed = []
+        other: list[str] = []
+        for mount, read in entry.get("reads", {}).items():
+            tree = action.input_tree(mount) if mount in self.mounts else None
+            if tree is None:
+                return changed, [f"input {mount} is no longer narrowed"]
+            if "*" in read:
+                if read["*"] != tree.digest(files.digester):
+                    other.append(f"input {mount} {short(read['*'])} -> {short(tree.digest(files.digester))}")
+                continue
+            if read.items() <= tree.file_digests().items():
+                continue  # every file it read is unchanged (one set comparison, in C)
+            for path, digest in read.items():
+                now = tree.entries.get(path)
+                if not isinstance(now, FileEntry) or now.digest != digest:
+                    changed.append((mount, path, digest, now if isinstance(now, FileEntry) else None))
+                    if limit and len(changed) >= limit:
+                        return changed, other
+        other.extend(self.macro_fit(action, entry)[1])
+        for mount, recorded in entry.get("names", {}).items():
+            index = action.input_tree(mount).by_name() if mount in self.mounts else {}
+            for name, paths in recorded.items():
+                now = list(index.get(name, ()))
+                if now != paths:
+                    added = sorted(set(now) - set(paths))
+                    other.append(f"new file {mount}/{added[0]} may shadow an included {name}" if added
+                                 else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
+                    if limit and len(changed) + len(other) >= limit:
+                        return changed, other
+        return changed, other
+
+    def macro_fit(self, action: Action, entry: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """macro_use.compare of the entry's run and this action: (differing names it never used,
+        why it cannot stand for this action); both empty where neither records macros."""
+        ops = self.macro_ops(action.argv)
+        if ops is None and "macros" not in entry:
+            return [], []
+        return macro_use.compare(entry.get("macros", {}), ops or {}, macro_use.Record.from_json(entry.get("record")))
+
+    def unseen_edit(self, files: Contents, action: Action, entry: dict[str, Any]) -> Check | None:
+        """Where files the entry's run read changed, whether that run may stand all the same: None
+        if not (this strategy never allows it); else a check of that run's output tree, which
+        says why it may (None: it may not)."""
+        return None
+
+
+@dataclass(frozen=True)
+class Depfile(Discovery):
+    """An imported compile narrowed by its depfile. Sound where the depfile names every file of the
+    narrowed mounts the run could read: the contract of depfile.py (one simple command, a known
+    driver outside the narrowed mounts, allowlisted flags, -MD, one -MF in the build directory, no
+    precompiled header). Allowed only for a command `depfile.complete_compile` accepted, with no
+    precompiled header in its inputs (rules/ninja_import.py); never with a macro record."""
+
+
+@dataclass(frozen=True)
+class Preprocessed(Discovery):
+    """bgraph's own GCC preprocessing (nvcc_compile.compile_tu: nvcc's host and per-arch `gcc -E`,
+    with the `-MD -MF` it appends, whose depfile names every file the preprocessor opened). Also:
+    files read that changed only in #if groups this command line's macros skip leave its output
+    the same (cpp_view.py), unless a file it read redefines those macros. With `record`, the
+    step runs the gcc_macro_use plugin (macro_use.py's contract: the pinned GCC with the plugin,
+    a command line macro_use.split accepts). Allowed only for those steps."""
+
+    def unseen_edit(self, files: Contents, action: Action, entry: dict[str, Any]) -> Check | None:
+        changed, other = self.differences(files, action, entry)
+        if other or not changed or any(now is None for *_, now in changed):
+            return None
+        command = command_macros(action.argv)
+        pairs = [(digest, now) for _m, _p, digest, now in changed]
+        # First with every command-line macro taken as known (no file read): views that differ
+        # then differ with fewer known macros too, and most edits stop here.
+        if command is None or not files.same_views(pairs, command):
+            return None
+
+        def check(tree: Tree) -> str | None:
+            macros = self._run_macros(files, action, tree, command, pairs)
+            if macros is None or not files.same_views(pairs, macros):
+                return None
+            paths = ", ".join(f"{m}/{p}".removeprefix("/bgraph/") for m, p, _d, _n in changed[:3])
+            return f"{paths} changed only in #if groups skipped with {macros.describe()}"
+        return check
+
+    def _run_macros(self, files: Contents, action: Action, tree: Tree, command: Macros,
+                    pairs: list[tuple[str, FileEntry]]) -> Macros | None:
+        """The command line's macros, less any that a file the earlier run read (as it read it,
+        or as it is now; its depfiles name the toolchain's headers too) defines or undefines;
+        None if a file it read cannot be found."""
+        names: set[str] = set()
+        for before, now in pairs:
+            for found in (files.defined(before), files.defined(now.digest, now)):
+                if found is None:
+                    return None
+                names |= found
+        for depfile in self.depfiles:
+            deps = files.depfile(tree, depfile)
+            if deps is None:
+                return None
+            for dep in deps:
+                found = files.defined_in(action, absolute(dep, action.cwd))
+                if found is None:
+                    return None
+                names |= found
+        return command.without(names)
+
+
+@dataclass(frozen=True)
+class RecordedMacros(Discovery):
+    """A GCC step of bgraph's own run with the gcc_macro_use plugin and no narrowed mount (nvcc's
+    host compile): it fits a command line differing only in -D/-U of __CUDA_ARCH names the run
+    never used (macro_use.py's contract). Allowed only for compile_tu's gcc steps."""
