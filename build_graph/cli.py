@@ -1,4 +1,5 @@
-"""bgraph commands: build, query, why, explain, audit, exec, cache, deb. Wires concrete objects; holds no logic."""
+"""bgraph commands: build, query, why, explain, audit, exec, load, cache, deb. Wires concrete objects; holds no
+logic."""
 
 from __future__ import annotations
 
@@ -382,6 +383,40 @@ def cmd_exec(args, console: Console) -> int:
         rmtree(work)
 
 
+def cmd_load(args, console: Console) -> int:
+    """`bgraph load LABEL`: build the oci_image LABEL (or find it in the cache), then load it into
+    the Docker daemon at DOCKER_HOST, sending only the layers it lacks (oci/load.py)."""
+    from build_graph.engine import BuildOptions, Engine
+    from build_graph.oci.load import ImageLoadError, load
+    from build_graph.report import RichReporter
+
+    ws = _workspace(args)
+    label = parse_label(args.label)
+    if ws.target(label).kind != "oci_image":
+        raise ImageLoadError(f"{label} is a {ws.target(label).kind} target; `bgraph load` loads oci_image targets")
+    jobs = ws.model.defaults.jobs or os.cpu_count() or 1
+    engine = Engine(ws, cache_dir(ws, args.cache_dir),
+                    BuildOptions(jobs=jobs, max_mem_mb=ws.model.defaults.max_mem_mb or default_max_mem_mb(),
+                                 platform=args.platform),
+                    None if args.json else RichReporter(console, jobs))
+    result = engine.build([label])
+    if result.failures:
+        for err in result.failures:
+            console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
+        return 1
+    links = engine.link_outputs(result, ws.root / "bgraph-out")
+    out = result.outputs[result.requested[0]]
+    image_dir = engine.cas.materialize(out.tree)
+    meta = json.loads((image_dir / "image.json").read_text())
+    report = load(image_dir, meta, timeout=args.timeout, full=args.full,
+                  progress=lambda line: console.print(f"[dim]{_escape(line)}[/]", highlight=False))
+    if args.json:
+        print(json.dumps({**report.to_json(), "output": str(links.get(str(result.requested[0]), ""))}, indent=1))
+    else:
+        _stdout().print(report.line(), highlight=False)
+    return 0
+
+
 def cmd_deb(args, console: Console) -> int:
     """`bgraph deb lock [LABEL...]`: resolve deb_packages targets against the mirrors, write their locks."""
     import time
@@ -578,6 +613,16 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("label")
     x.add_argument("argv", nargs=argparse.REMAINDER)
     x.set_defaults(fn=cmd_exec)
+
+    ld = sub.add_parser("load", help="build an oci_image and load it into the Docker daemon at DOCKER_HOST, "
+                                     "sending only the layers it lacks")
+    ld.add_argument("label")
+    ld.add_argument("--platform", choices=["x86_64", "aarch64"], help="the image for this platform (as build's)")
+    ld.add_argument("--timeout", type=float, default=600,
+                    help="seconds the load may wait for the daemon's answer (default 600)")
+    ld.add_argument("--full", action="store_true", help="send every layer, even those the daemon has")
+    ld.add_argument("--json", action="store_true", help="print the load's figures as JSON")
+    ld.set_defaults(fn=cmd_load)
 
     d = sub.add_parser("deb", help="Debian package sets (deb_packages): lock them against the mirrors")
     dsub = d.add_subparsers(dest="action", required=True)

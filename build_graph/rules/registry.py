@@ -8,8 +8,8 @@ from typing import Callable
 from pydantic import BaseModel
 
 from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain,
-                               deb_packages, genrule, host_tools, ninja_generator, patched_tree, py_wheel,
-                               python_env)
+                               deb_packages, genrule, host_tools, ninja_generator, oci_image, patched_tree,
+                               py_wheel, python_env)
 
 
 def _none(attrs) -> list:
@@ -67,4 +67,5 @@ RULES: dict[str, Rule] = {
     "deb_packages": Rule("deb_packages", deb_packages.DebPackagesAttrs, deb_packages.plan_deb_packages,
                          deb_packages.deb_packages_deps, deb_packages.deb_packages_sources,
                          transition=deb_packages.deb_packages_transition, configure=deb_packages.deb_packages_configure),
+    "oci_image": Rule("oci_image", oci_image.OciImageAttrs, oci_image.plan_oci_image, oci_image.oci_image_deps),
 }

@@ -1,0 +1,403 @@
+"""oci_image: a reproducible OCI image from trees bgraph already has.
+
+The layers are declared as data, bottom to top: `system` (a `deb_packages` set of the *target*
+platform, `sysroot = true`) is the first layer, then one layer per entry of `layers`, each made of
+parts (another target's output tree placed at a path, or a `py_wheel`'s wheel unpacked into
+site-packages, both optionally narrowed by include/exclude globs) and small inline files. Put big,
+stable layers (the system, torch and its CUDA libraries) at the bottom and what changes often (the
+app) on top: a daemon keys a layer by its chain (it and all below it), so a change reloads its
+layer and every one above.
+
+Each layer is one sandboxed action: the pinned CPython of `tools` (//toolchains:host) runs
+build_graph/oci/tarball.py over the layer's tree, mounted read-only, and writes an uncompressed
+tar (digest = diff_id, written deterministically: see tarball.py) and its sha256. The config,
+manifest and index are JSON written here, in the plan, from those digests (oci/image.py); one
+last action writes the image archive, `image.tar`: an OCI image layout (oci-layout, index.json,
+blobs/sha256/...) that also carries Docker's manifest.json, named `localhost/bgraph/<name>:<tag>`;
+`image.json` beside it lists the digests. `bgraph load LABEL` puts it into a Docker daemon.
+
+What maintainer scripts would make is written by the rule into the bottom layer: /etc/passwd and
+/etc/group (root and nobody) unless the system has them, /tmp (1777) and /root (0700). No script runs.
+Wheels are unpacked as pip would place them (purelib/platlib into site-packages, a console script
+per `console_scripts` entry point); their `.data/scripts`, headers and data are left out.
+"""
+
+from __future__ import annotations
+
+import configparser
+import fnmatch
+import json
+import posixpath
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from build_graph.debian import DEB_ARCH
+from build_graph.model import FileEntry, SymlinkEntry, TargetOutput, Tree, check_relpath
+from build_graph.oci import image
+from build_graph.rules.base import BASE_ENV, Attrs, PlanGen, RuleContext
+from build_graph.rules.python_env import site_packages
+
+EPOCH = int(BASE_ENV["SOURCE_DATE_EPOCH"])
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_REPO = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+_USER = re.compile(r"^(root|nobody|\d+)(:(root|nogroup|\d+))?$")
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+GROUP = "root:x:0:\nnogroup:x:65534:\n"
+SYSTEM_DIRS = {"tmp": 0o1777, "root": 0o700}
+
+
+@lru_cache(maxsize=1)
+def tar_script() -> str:
+    """The layer and archive writer the actions run: its text is part of their keys."""
+    return (Path(__file__).resolve().parent.parent / "oci" / "tarball.py").read_text()
+
+
+def _relpath(v: str) -> str:
+    stripped = v.strip("/")
+    if not stripped:
+        return ""
+    return check_relpath(stripped)
+
+
+class Part(Attrs):
+    tree: str | None = Field(None, description="label whose output tree is placed at `at`")
+    wheel: str | None = Field(None, description="label of a py_wheel: its wheel unpacked into site-packages")
+    at: str | None = Field(None, description="path in the image (default: / for a tree, `site_packages` for a wheel)")
+    include: list[str] = Field(default_factory=list, description="globs of the paths to take (default: all)")
+    exclude: list[str] = Field(default_factory=list, description="globs of the paths to leave out")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Part":
+        if (self.tree is None) == (self.wheel is None):
+            raise ValueError("a part names exactly one of tree or wheel")
+        if self.at is not None:
+            try:
+                _relpath(self.at)
+            except ValueError:
+                raise ValueError(f"at = {self.at!r} is not a path inside the image") from None
+        return self
+
+
+class LayerGroup(Attrs):
+    name: str = Field(description="the layer's name (history, messages)")
+    parts: list[Part] = Field(default_factory=list, alias="from", description="what the layer holds")
+    files: dict[str, str] = Field(default_factory=dict, description="path -> text of a small file")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"layer name {v!r}: lowercase letters, digits, '.', '_' and '-'")
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: dict[str, str]) -> dict[str, str]:
+        for path in v:
+            try:
+                if not _relpath(path):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"file {path!r} is not a path inside the image") from None
+        return v
+
+
+class OciImageAttrs(Attrs):
+    system: str | None = Field(None, description="a deb_packages set of the target platform (sysroot = true): "
+                                                 "the bottom layer, named system")
+    layers: list[LayerGroup] = Field(default_factory=list, description="the layers above the system, bottom to top")
+    entrypoint: list[str] = Field(default_factory=list)
+    cmd: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="environment (PATH defaults to Debian's)")
+    workdir: str = Field("", description="working directory (absolute)")
+    user: str = Field("", description="uid[:gid], or root / nobody (the passwd the rule writes)")
+    labels: dict[str, str] = Field(default_factory=dict, description="image labels (org.opencontainers.image.*)")
+    repository: str | None = Field(None, description="image name (default: localhost/bgraph/<target name>)")
+    tag: str = Field("latest")
+    site_packages: str = Field("usr/local/lib/python3.11/dist-packages",
+                               description="where wheels are unpacked (Debian's python3.11 searches it)")
+    python: str = Field("/usr/bin/python3", description="the interpreter of the wheels' console scripts")
+    modes: dict[str, str] = Field(default_factory=dict, description="path -> octal mode (e.g. \"4755\")")
+    forbid: list[str] = Field(default_factory=list, description="globs of paths no layer may hold "
+                                                                "(e.g. the driver's **/libcuda.so*)")
+    platform: Literal["x86_64", "aarch64"] | None = Field(
+        None, description="the platform the image is for (a transition; `--platform` overrides it)")
+    tools: str = Field("//toolchains:host", description="the system whose python3 writes the tars")
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        if not _TAG.match(v):
+            raise ValueError(f"tag {v!r}: letters, digits, '_', '.', '-' (at most 128)")
+        return v
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, v: str | None) -> str | None:
+        if v is not None and not _REPO.match(v):
+            raise ValueError(f"repository {v!r} is not an image name (lowercase, e.g. localhost/bgraph/app)")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if v and not _USER.match(v):
+            raise ValueError(f"user {v!r}: uid[:gid] or root/nobody (the image's passwd holds only those)")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        if v and not v.startswith("/"):
+            raise ValueError("workdir must be absolute")
+        return v
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, v: dict[str, str]) -> dict[str, str]:
+        for path, mode in v.items():
+            if not re.fullmatch(r"[0-7]{3,4}", mode):
+                raise ValueError(f"mode {mode!r} of {path!r}: 3 or 4 octal digits")
+        return v
+
+    @model_validator(mode="after")
+    def _names(self) -> "OciImageAttrs":
+        names = [g.name for g in self.layers] + (["system"] if self.system else [])
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"layer name {dup[0]!r} given twice")
+        if not self.system and not self.layers:
+            raise ValueError("an image needs a system or at least one layer")
+        return self
+
+
+def oci_image_deps(attrs: OciImageAttrs):
+    out = [("system", attrs.system)] if attrs.system else []
+    for group in attrs.layers:
+        out += [("layers", p.tree or p.wheel) for p in group.parts]
+    return out + [("tools", attrs.tools)]
+
+
+def _select(tree: Tree, include: list[str], exclude: list[str]) -> Tree:
+    if not include and not exclude:
+        return tree
+    return Tree.from_checked({p: e for p, e in tree.entries.items()
+                              if (not include or any(fnmatch.fnmatchcase(p, g) for g in include))
+                              and not any(fnmatch.fnmatchcase(p, g) for g in exclude)})
+
+
+def _console_scripts(ctx: RuleContext, tree: Tree, python: str) -> dict[str, str]:
+    """bin name -> launcher text, for each console_scripts entry point of the unpacked wheel."""
+    out: dict[str, str] = {}
+    for path, entry in tree.entries.items():
+        if not (path.endswith(".dist-info/entry_points.txt") and path.count("/") == 1
+                and isinstance(entry, FileEntry)):
+            continue
+        parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+        parser.optionxform = str  # keep the scripts' case
+        try:
+            parser.read_string(ctx.read(entry).decode())
+        except (configparser.Error, UnicodeDecodeError) as e:
+            raise ctx.fail(f"{path}: not an entry-points file ({e})", "layers") from None
+        if not parser.has_section("console_scripts"):
+            continue
+        for name, value in parser.items("console_scripts"):
+            ref = value.split("[", 1)[0].strip()
+            module, _, qualname = ref.partition(":")
+            if not re.fullmatch(r"[\w.]+", module) or not re.fullmatch(r"[\w.]*", qualname) or "/" in name:
+                raise ctx.fail(f"{path}: console script {name} = {value!r} is not module:function", "layers")
+            head = qualname.split(".")[0] if qualname else None
+            call = f"from {module} import {head}\nsys.exit({qualname}())" if head else f"import {module}"
+            out[name] = f"#!{python}\nimport sys\n{call}\n"
+    return out
+
+
+class _Layer:
+    """A layer as planned: its tree (mounted for the writer) and what the rule writes into it."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.tree = Tree()
+        self.files: dict[str, dict] = {}
+        self.dirs: dict[str, int] = {}
+
+    def paths(self) -> set[str]:
+        """Every path the layer's tar holds, directories above its entries included."""
+        out = set(self.tree.entries) | set(self.files) | set(self.dirs)
+        for p in list(out):
+            up = p.rpartition("/")[0]
+            while up and up not in out:
+                out.add(up)
+                up = up.rpartition("/")[0]
+        return out
+
+    def content_bytes(self) -> int:
+        return (sum(e.size for e in self.tree.entries.values() if isinstance(e, FileEntry))
+                + sum(len(f["text"].encode()) for f in self.files.values()))
+
+
+def plan_oci_image(ctx: RuleContext) -> PlanGen:
+    a: OciImageAttrs = ctx.attrs
+    count = len(a.layers) + (1 if a.system else 0)
+    if count > image.MAX_LAYERS:
+        raise ctx.fail(f"{count} layers: an image holds at most {image.MAX_LAYERS} (containerd's limit)", "layers",
+                       hint="put several groups into one layer")
+    if ctx.platform not in image.OCI_ARCH:
+        raise ctx.fail(f"no OCI architecture for platform {ctx.platform}")
+    name = ctx.label.name
+    repository = a.repository or f"localhost/bgraph/{name}"
+    if not _REPO.match(repository):
+        raise ctx.fail(f"{name!r} is not an image name (lowercase letters, digits, '.', '_', '-')", "repository",
+                       hint="give repository = \"localhost/bgraph/<lowercase name>\"")
+    ref = f"{repository}:{a.tag}"
+
+    layers: list[_Layer] = []
+    if a.system:
+        system = ctx.dep(a.system, "system")
+        want = DEB_ARCH.get(ctx.platform)
+        if system.info.get("architecture") != want or not system.info.get("sysroot"):
+            raise ctx.fail(f"{a.system} is no {want} root of the image's platform ({ctx.platform}): "
+                           f"{system.info.get('architecture') or 'no Debian'} packages"
+                           + ("" if system.info.get("sysroot") else ", not a sysroot"), "system",
+                           hint="give a deb_packages set with sysroot = true (the target platform's packages)")
+        bottom = _Layer("system")
+        bottom.tree = system.tree
+        layers.append(bottom)
+
+    # The wheels, unpacked (in-process, like any archive), all at once.
+    wheel_parts = [(g, p) for g in a.layers for p in g.parts if p.wheel]
+    unpacks = []
+    for _g, p in wheel_parts:
+        out = ctx.dep(p.wheel, "layers")
+        wheel = out.info.get("wheel")
+        if not wheel or wheel not in out.tree.entries:
+            raise ctx.fail(f"{p.wheel} is no py_wheel (its output names no wheel)", "layers",
+                           hint="a tree part places any target's output: tree = \"...\"")
+        unpacks.append(ctx.extract_action(Tree({wheel: out.tree.entries[wheel]}), wheel))
+    unpacked = (yield unpacks) if unpacks else []
+    wheel_trees = {id(p): site_packages(o.tree) for (_g, p), o in zip(wheel_parts, unpacked)}
+
+    site = _relpath(a.site_packages)
+    for group in a.layers:
+        layer = _Layer(group.name)
+        trees = []
+        for p in group.parts:
+            tree = wheel_trees[id(p)] if p.wheel else ctx.dep(p.tree, "layers").tree
+            tree = _select(tree, p.include, p.exclude)
+            if not tree.entries:
+                raise ctx.fail(f"layer {group.name}: {p.tree or p.wheel} gives no files"
+                               + (f" (include {p.include}, exclude {p.exclude})" if p.include or p.exclude else ""),
+                               "layers")
+            if p.wheel:
+                for script, text in _console_scripts(ctx, tree, a.python).items():
+                    layer.files[f"usr/local/bin/{script}"] = {"text": text, "mode": 0o755}
+            at = _relpath(p.at) if p.at is not None else (site if p.wheel else "")
+            trees.append(tree.prefixed(at) if at else tree)
+        try:
+            layer.tree = trees[0].merged(*trees[1:]) if trees else Tree()
+        except ValueError as e:
+            raise ctx.fail(f"layer {group.name}: {e}", "layers") from None
+        for path, text in group.files.items():
+            layer.files[_relpath(path)] = {"text": text, "mode": 0o644}
+        layers.append(layer)
+
+    # What maintainer scripts would have made, in the bottom layer.
+    bottom = layers[0]
+    for path, text in (("etc/passwd", PASSWD), ("etc/group", GROUP)):
+        if path not in bottom.tree.entries:
+            bottom.files.setdefault(path, {"text": text, "mode": 0o644})
+    for path, mode in SYSTEM_DIRS.items():
+        if path not in bottom.tree.entries or isinstance(bottom.tree.entries[path], SymlinkEntry):
+            bottom.dirs[path] = mode
+    for layer in layers:  # what the rule writes replaces the tree's entry at that path
+        written = set(layer.files) | set(layer.dirs)
+        if written & set(layer.tree.entries):
+            layer.tree = Tree.from_checked({p: e for p, e in layer.tree.entries.items() if p not in written})
+
+    _check(ctx, layers)
+
+    tools = ctx.dep(a.tools, "tools")
+    script = tar_script()
+    actions = []
+    for layer in layers:
+        paths = layer.paths()
+        spec = {"root": "/bgraph/in/root", "out": "/bgraph/out/layer.tar", "meta": "/bgraph/out/layer.json",
+                "mtime": EPOCH, "files": layer.files, "dirs": layer.dirs,
+                "modes": {p: int(m, 8) for p, m in sorted(a.modes.items()) if _relpath(p) in paths}}
+        actions.append(ctx.exec_action(
+            f"layer {layer.name}", "OciLayer",
+            ["/usr/bin/python3", "-I", "-S", "-c", script, "layer", json.dumps(spec, sort_keys=True)],
+            inputs={"/bgraph/in/root": layer.tree} if layer.tree.entries else {},
+            outputs=["layer.tar", "layer.json"], host=tools, memory_mb=256))
+    written = yield actions
+    described = []
+    for layer, out in zip(layers, written):
+        try:
+            meta = json.loads(ctx.read(out.tree.entries["layer.json"]))
+            described.append(image.Layer(layer.name, meta["digest"], int(meta["size"])))
+        except (KeyError, ValueError) as e:
+            raise ctx.fail(f"layer {layer.name}: the writer left no digest ({e})") from None
+
+    env = dict(a.env)
+    env.setdefault("PATH", DEFAULT_PATH)
+    env_list = [f"PATH={env.pop('PATH')}"] + [f"{k}={v}" for k, v in env.items()]
+    labels = {"org.opencontainers.image.title": name, **a.labels, "bgraph.target": str(ctx.label)}
+    docs = image.documents(platform=ctx.platform, layers=described, ref=ref, created=EPOCH,
+                           created_by=f"bgraph {ctx.label}", env=env_list, entrypoint=a.entrypoint, cmd=a.cmd,
+                           workdir=a.workdir, user=a.user, labels=labels)
+    summary = {"ref": ref, "platform": ctx.platform, "config": docs.config_digest, "manifest": docs.manifest_digest,
+               "layers": [{"name": l.name, "digest": l.digest, "size": l.size} for l in described]}
+    members: dict[str, dict] = {
+        "oci-layout": {"text": docs.layout.decode()},
+        "index.json": {"text": docs.index.decode()},
+        "manifest.json": {"text": docs.docker_manifest.decode()},
+        image.blob_path(docs.config_digest): {"text": docs.config.decode()},
+        image.blob_path(docs.manifest_digest): {"text": docs.manifest.decode()},
+    }
+    inputs = {}
+    for i, (layer, out) in enumerate(zip(described, written)):
+        mount = f"/bgraph/in/layers/{i}"
+        inputs[mount] = Tree({"layer.tar": out.tree.entries["layer.tar"]})
+        members.setdefault(image.blob_path(layer.digest), {"file": f"{mount}/layer.tar"})
+    meta_text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    spec = {"out": "/bgraph/out/image.tar", "mtime": EPOCH, "members": members, "meta": "/bgraph/out/image.json",
+            "meta_text": meta_text}
+    [archive] = yield [ctx.exec_action(
+        f"image {ref}", "OciImage",
+        ["/usr/bin/python3", "-I", "-S", "-c", script, "image", json.dumps(spec, sort_keys=True)],
+        inputs=inputs, outputs=["image.tar", "image.json"], host=tools, memory_mb=256)]
+    return TargetOutput(archive.tree, {**summary, "image": "image.tar"})
+
+
+def _check(ctx: RuleContext, layers: list[_Layer]) -> None:
+    """Refuse, before any layer is written, a layer over 10 GiB and an entry that a lower layer's
+    (or its own) symlink would turn into a directory (`lib/x` over the system's `lib -> usr/lib`)."""
+    links: dict[str, str] = {}
+    for layer in layers:
+        for path in sorted(set(layer.tree.entries) | set(layer.files)):
+            hit = next((g for g in ctx.attrs.forbid if fnmatch.fnmatchcase(path, g)), None)
+            if hit:
+                raise ctx.fail(f"layer {layer.name} holds {path}, which forbid ({hit}) refuses",
+                               "forbid", hint="leave it out with an exclude glob of the part that brings it")
+        size = layer.content_bytes()
+        if size > image.MAX_LAYER_BYTES:
+            raise ctx.fail(f"layer {layer.name} holds {size / (1 << 30):.1f} GiB, over the "
+                           f"{image.MAX_LAYER_BYTES >> 30} GiB a layer may hold", "layers",
+                           hint="split it into several layers (include/exclude globs of one tree)")
+        links.update({p: layer.name for p, e in layer.tree.entries.items() if isinstance(e, SymlinkEntry)})
+        if not links:
+            continue
+        for path in sorted(layer.paths()):
+            up = posixpath.dirname(path)
+            while up:
+                if up in links:
+                    raise ctx.fail(f"layer {layer.name} puts {path} below {up}, a symlink in "
+                                   f"layer {links[up]}: the directory would replace the link", "layers",
+                                   hint=f"place it at the link's target ({up} is a link)")
+                up = posixpath.dirname(up)

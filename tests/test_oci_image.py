@@ -1,0 +1,520 @@
+"""oci_image and `bgraph load` (issue 35): deterministic layer tars, the image documents, the
+refusals at planning, and, with Debian's dockerd started by this module on a private socket and
+data root (OCI.md), an image made by the rule from two workspace directories and two caches,
+loaded through the docker SDK (incrementally), run with no network, and the load's errors."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import signal
+import socketserver
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import WS, requires_bwrap, workspace_copy
+from build_graph.errors import PlanError
+from build_graph.labels import Label
+from build_graph.model import Digester, FileEntry, SymlinkEntry, TargetOutput, Tree
+from build_graph.oci import image, tarball
+from build_graph.rules.base import RuleContext
+from build_graph.rules.registry import RULES
+from build_graph.workspace import host_platform
+
+EPOCH = 315532800
+DOCKERD = shutil.which("dockerd")
+try:
+    import docker
+except ImportError:  # pragma: no cover - a dependency of bgraph
+    docker = None
+requires_dockerd = pytest.mark.skipif(
+    DOCKERD is None or docker is None,
+    reason="dockerd is not installed (apt-get install --no-install-recommends docker.io)")
+
+
+# -- the tar writer ----------------------------------------------------------------------------------
+def _tree_on_disk(root: Path, umask: int, mtime: float, private: bool) -> None:
+    old = os.umask(umask)
+    try:
+        (root / "usr/bin").mkdir(parents=True)
+        (root / "usr/lib/deep/er").mkdir(parents=True)
+        (root / "empty").mkdir()
+        (root / "usr/bin/tool").write_bytes(b"#!/bin/sh\necho tool\n")
+        (root / "usr/bin/tool").chmod(0o700 if private else 0o755)
+        (root / "usr/lib/deep/er/data.txt").write_bytes(b"x" * 1000)
+        (root / "usr/lib/deep/er/data.txt").chmod(0o600 if private else 0o644)
+        long_dir = root / "usr/lib" / ("d" * 120)
+        long_dir.mkdir()
+        (long_dir / ("f" * 150)).write_bytes(b"long name\n")
+        (root / "usr/lib/caf\u00e9.txt").write_text("unicode\n")
+        os.symlink("usr/bin", root / "bin")
+        os.symlink("/" + "t" * 150, root / "usr/lib/far-link")
+        for p in sorted(root.rglob("*"), reverse=True):
+            os.utime(p, (mtime, mtime), follow_symlinks=False)
+    finally:
+        os.umask(old)
+
+
+def _layer(root: Path, **kw) -> tuple[bytes, str, int]:
+    out = io.BytesIO()
+    digest, size = tarball.write_layer(out, str(root), EPOCH, **kw)
+    return out.getvalue(), digest, size
+
+
+def test_a_layer_is_byte_identical_from_two_directories_umasks_and_mtimes(tmp_path):
+    a, b = tmp_path / "one" / "root", tmp_path / "two" / "deeper" / "root"
+    _tree_on_disk(a, 0o022, 1_700_000_000, private=False)
+    _tree_on_disk(b, 0o077, 1_000_000_000, private=True)
+    spec = {"files": {"etc/passwd": {"text": "root:x:0:0::/root:/bin/sh\n", "mode": 0o644}},
+            "dirs": {"tmp": 0o1777}, "modes": {"usr/bin/tool": 0o4755}}
+    data_a, digest_a, size_a = _layer(a, **spec)
+    data_b, digest_b, size_b = _layer(b, **spec)
+    assert data_a == data_b and digest_a == digest_b and size_a == size_b == len(data_a)
+    assert digest_a == "sha256:" + hashlib.sha256(data_a).hexdigest()  # digest = diff_id: uncompressed
+    assert _layer(a, **spec)[0] == data_a  # and from one run to the next
+    # an exec bit flipped changes the layer
+    (b / "usr/lib/deep/er/data.txt").chmod(0o700)
+    assert _layer(b, **spec)[1] != digest_a
+
+
+def test_layer_entries_sorted_with_parents_fixed_owner_time_and_modes(tmp_path):
+    root = tmp_path / "root"
+    _tree_on_disk(root, 0o022, 1_700_000_000, private=True)
+    data, _digest, _size = _layer(root, files={"etc/passwd": {"text": "root\n", "mode": 0o644}},
+                                  dirs={"tmp": 0o1777}, modes={"usr/bin/tool": 0o4755})
+    assert data.endswith(b"\0" * 1024) and len(data) % 512 == 0
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        members = t.getmembers()
+        names = [m.name for m in members]
+        assert [n.encode() for n in names] == sorted(n.encode() for n in names)
+        for m in members:
+            assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (EPOCH, 0, 0, "", ""), m.name
+        by = {m.name: m for m in members}
+        assert by["usr/bin/tool"].mode == 0o4755  # declared override (an exec file would be 0755)
+        assert by["usr/lib/deep/er/data.txt"].mode == 0o644 and by["usr/lib/deep/er/data.txt"].size == 1000
+        assert by["etc"].isdir() and by["etc"].mode == 0o755  # parent added
+        assert by["tmp"].isdir() and by["tmp"].mode == 0o1777
+        assert by["empty"].isdir()
+        assert by["bin"].issym() and by["bin"].linkname == "usr/bin" and by["bin"].mode == 0o777
+        assert by["usr/lib/far-link"].linkname == "/" + "t" * 150  # PAX linkpath
+        long_name = f"usr/lib/{'d' * 120}/{'f' * 150}"  # no ustar split fits: PAX path
+        assert t.extractfile(long_name).read() == b"long name\n"
+        assert t.extractfile("usr/lib/caf\u00e9.txt").read() == b"unicode\n"
+        assert t.extractfile("etc/passwd").read() == b"root\n"
+    # no PAX record where ustar holds the entry (the header of a short name is plain ustar)
+    assert data[156:157] == b"2" and data[257:265] == b"ustar\x0000"
+
+
+def test_ustar_split_and_pax_header_lengths():
+    name = b"a" * 150 + b"/" + b"b" * 90
+    assert tarball._split(name) == (b"a" * 150, b"b" * 90)
+    assert tarball._split(b"c" * 101) is None
+    records = tarball._pax_records([(b"path", b"x" * 95)])  # the length field crosses 99 -> 100
+    n, _, rest = records.partition(b" ")
+    assert int(n) == len(records) and rest.endswith(b"\n")
+    head = tarball.header(b"p" * 300, b"0", 5, 0o644, EPOCH)
+    assert len(head) % 512 == 0 and head[156:157] == b"x"
+
+
+def test_image_documents_are_canonical_json_with_both_names():
+    layers = [image.Layer("system", "sha256:" + "1" * 64, 2048), image.Layer("app", "sha256:" + "2" * 64, 1024)]
+    kw = dict(layers=layers, ref="localhost/bgraph/x:1", created=EPOCH, created_by="bgraph //p:x", env=["PATH=/bin"],
+              entrypoint=["/bin/sh"], cmd=[], workdir="/", user="", labels={"org.opencontainers.image.version": "1"})
+    amd, arm = image.documents(platform="x86_64", **kw), image.documents(platform="aarch64", **kw)
+    assert amd == image.documents(platform="x86_64", **kw)
+    config = json.loads(amd.config)
+    assert amd.config == json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    assert config["rootfs"]["diff_ids"] == [l.digest for l in layers] and config["created"] == "1980-01-01T00:00:00Z"
+    assert (json.loads(arm.config)["architecture"], json.loads(arm.config)["variant"]) == ("arm64", "v8")
+    index = json.loads(amd.index)["manifests"][0]
+    assert index["digest"] == amd.manifest_digest
+    assert index["annotations"] == {"io.containerd.image.name": "localhost/bgraph/x:1",
+                                    "org.opencontainers.image.ref.name": "localhost/bgraph/x:1"}
+    [docker_manifest] = json.loads(amd.docker_manifest)
+    assert docker_manifest["RepoTags"] == ["localhost/bgraph/x:1"]
+    assert docker_manifest["Config"] == "blobs/sha256/" + amd.config_digest.split(":")[1]
+    chains = image.chain_ids([l.digest for l in layers])
+    assert chains[0] == layers[0].digest
+    assert chains[1] == "sha256:" + hashlib.sha256(f"{chains[0]} {layers[1].digest}".encode()).hexdigest()
+
+
+# -- the rule's refusals, planned over made-up trees --------------------------------------------------
+SYSTEM = TargetOutput(Tree({"usr/bin/busybox": FileEntry("1" * 64, 10, True), "lib": SymlinkEntry("usr/lib")}),
+                      {"architecture": "amd64", "sysroot": True})
+HOST = TargetOutput(Tree(), {"host_paths": ["/usr"], "host_tools": [["/usr/bin/python3", "3", "0" * 64]]})
+
+
+def _plan(attrs: dict, deps: dict[str, TargetOutput], read=lambda e: b""):
+    rule = RULES["oci_image"]
+    label = Label("p", "img")
+    all_deps = {Label("toolchains", "host"): HOST, Label("p", "system"): SYSTEM,
+                **{Label("p", name): out for name, out in deps.items()}}
+    ctx = RuleContext(label=label, attrs=rule.attrs.model_validate(attrs), file="targets/p.toml", table="img",
+                      platform="x86_64", digester=Digester("blake3"), deps=all_deps, sources=Tree(), pins=None,
+                      arch_sets=lambda v, _w: v, read=read, probe_host=lambda tools: (),
+                      rule_version="oci_image/1")
+    return rule.plan(ctx)
+
+
+def _first_round(attrs: dict, deps: dict[str, TargetOutput]):
+    gen = _plan(attrs, deps)
+    return next(gen)
+
+
+def test_a_layer_over_10_gib_is_refused_at_planning_naming_the_target():
+    big = TargetOutput(Tree({"weights.bin": FileEntry("2" * 64, 11 << 30)}))
+    with pytest.raises(PlanError) as e:
+        _first_round({"system": ":system", "layers": [{"name": "model", "from": [{"tree": ":big"}]}]}, {"big": big})
+    [line, hint] = e.value.render().splitlines()
+    assert line.startswith("//p:img (targets/p.toml [img] key 'layers'): layer model holds 11.0 GiB, over the 10 GiB")
+    assert hint.startswith("  hint: split it")
+    # 10 GiB exactly is allowed: the first round is the layer actions
+    ok = TargetOutput(Tree({"weights.bin": FileEntry("2" * 64, 10 << 30)}))
+    actions = _first_round({"system": ":system", "layers": [{"name": "model", "from": [{"tree": ":big"}]}]},
+                           {"big": ok})
+    assert [a.name for a in actions] == ["layer system", "layer model"]
+
+
+def test_more_than_127_layers_are_refused_at_planning():
+    layers = [{"name": f"l{i}", "files": {f"f{i}": "x"}} for i in range(127)]
+    with pytest.raises(PlanError) as e:
+        _first_round({"system": ":system", "layers": layers}, {})
+    assert e.value.render().splitlines()[0] == ("//p:img (targets/p.toml [img] key 'layers'): 128 layers: an image "
+                                                "holds at most 127 (containerd's limit)")
+    assert len(_first_round({"layers": layers}, {})) == 127
+
+
+def test_an_entry_below_a_lower_layers_symlink_and_forbidden_paths_are_refused():
+    app = TargetOutput(Tree({"x.so": FileEntry("3" * 64, 5)}))
+    with pytest.raises(PlanError, match="puts lib/x.so below lib, a symlink in layer system"):
+        _first_round({"system": ":system", "layers": [{"name": "app", "from": [{"tree": ":app", "at": "lib"}]}]},
+                     {"app": app})
+    driver = TargetOutput(Tree({"usr/lib/libcuda.so.1": FileEntry("4" * 64, 5)}))
+    with pytest.raises(PlanError, match=r"layer app holds usr/lib/libcuda.so.1, which forbid \(\*\*/libcuda.so\*\)"):
+        _first_round({"system": ":system", "forbid": ["**/libcuda.so*"],
+                      "layers": [{"name": "app", "from": [{"tree": ":app"}]}]}, {"app": driver})
+    with pytest.raises(PlanError, match="is no amd64 root"):
+        _first_round({"system": ":app"}, {"app": app})
+
+
+def test_a_wheel_part_is_unpacked_into_site_packages_with_its_console_scripts():
+    wheel = TargetOutput(Tree({"demo-1.0-py3-none-any.whl": FileEntry("5" * 64, 100)}),
+                         {"wheel": "demo-1.0-py3-none-any.whl"})
+    gen = _plan({"layers": [{"name": "app", "from": [{"wheel": ":demo"}]}]}, {"demo": wheel},
+                read=lambda e: b"[console_scripts]\ndemo-cli = demo.cli:main.run [extra]\n")
+    [unpack] = next(gen)
+    assert unpack.kind == "extract"
+    unpacked = Tree({"demo/__init__.py": FileEntry("6" * 64, 1), "demo-1.0.dist-info/entry_points.txt":
+                     FileEntry("7" * 64, 10), "demo-1.0.data/scripts/x": FileEntry("8" * 64, 1)})
+    from build_graph.model import Outcome
+    [layer] = gen.send([Outcome(unpack, unpacked, "executed")])
+    spec = json.loads(layer.argv[-1])
+    assert set(layer.input_tree("/bgraph/in/root").entries) == {
+        "usr/local/lib/python3.11/dist-packages/demo/__init__.py",
+        "usr/local/lib/python3.11/dist-packages/demo-1.0.dist-info/entry_points.txt"}
+    assert spec["files"]["usr/local/bin/demo-cli"] == {
+        "text": "#!/usr/bin/python3\nimport sys\nfrom demo.cli import main\nsys.exit(main.run())\n", "mode": 0o755}
+    assert set(spec["files"]) == {"usr/local/bin/demo-cli", "etc/passwd", "etc/group"}  # the bottom layer
+
+
+# -- built for real: two workspaces, two caches ---------------------------------------------------------
+APP_TARGETS = """\
+package = "//imgtest"
+
+[demo-wheel]
+kind = "py_wheel"
+distribution = "bgdemo"
+version = "1.0"
+srcs = ["imgtest/bgdemo/*.py"]
+strip_prefix = "imgtest"
+pure = true
+
+[py]
+kind = "oci_image"
+system = "//images:base-python"
+layers = [{ name = "demo", from = [{ wheel = ":demo-wheel" }] }]
+cmd = ["/usr/bin/python3", "-c", "import bgdemo, sys; print(bgdemo.GREETING, sys.version.split()[0], bgdemo.__file__)"]
+"""
+
+
+@pytest.fixture(scope="module")
+def built(module_tmp):
+    """//images:hello built in two workspace copies (other directories, umasks) with two caches."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    out = {}
+    for name, umask in (("a", 0o022), ("b", 0o077)):
+        root = workspace_copy(module_tmp / name / ("nested/ws" if name == "b" else "ws"))
+        (root / "targets" / "imgtest.toml").write_text(APP_TARGETS)
+        (root / "imgtest" / "bgdemo").mkdir(parents=True)
+        (root / "imgtest" / "bgdemo" / "__init__.py").write_text('GREETING = "hello from a wheel"\n')
+        ws = WS(root, module_tmp / name / "cache")
+        old = os.umask(umask)
+        try:
+            start = time.monotonic()
+            run = ws.build("//images:hello", args=("-j2",))
+            seconds = time.monotonic() - start
+        finally:
+            os.umask(old)
+        assert run.rc == 0, run.stderr[-3000:]
+        link = Path(run.json["outputs"]["//images:hello"])
+        out[name] = (ws, link, seconds)
+    return out
+
+
+@requires_bwrap
+def test_the_image_digest_is_the_same_from_two_workspaces_and_two_caches(built):
+    (ws_a, a, secs_a), (ws_b, b, secs_b) = built["a"], built["b"]
+    assert a != b
+    meta_a, meta_b = (json.loads((p / "image.json").read_text()) for p in (a, b))
+    assert meta_a == meta_b
+    assert (a / "image.tar").read_bytes() == (b / "image.tar").read_bytes()
+    print(f"\n//images:hello cold builds {secs_a:.1f}s / {secs_b:.1f}s; config {meta_a['config']}, "
+          f"manifest {meta_a['manifest']}, layers {[(l['name'], l['size']) for l in meta_a['layers']]}")
+    with tarfile.open(a / "image.tar") as t:
+        names = t.getnames()
+        assert {"oci-layout", "index.json", "manifest.json"} <= set(names)
+        for digest in [meta_a["config"], meta_a["manifest"]] + [l["digest"] for l in meta_a["layers"]]:
+            blob = t.extractfile(image.blob_path(digest)).read()
+            assert "sha256:" + hashlib.sha256(blob).hexdigest() == digest
+        index = json.loads(t.extractfile("index.json").read())
+        assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == "localhost/bgraph/hello:0.1"
+        config = json.loads(t.extractfile(image.blob_path(meta_a["config"])).read())
+        assert config["config"]["Labels"]["bgraph.target"] == "//images:hello"
+        assert config["config"]["User"] == "nobody" and config["config"]["WorkingDir"] == "/app"
+
+
+@requires_bwrap
+def test_the_aarch64_image_holds_aarch64_programs(built):
+    ws, _link, _secs = built["a"]
+    run = ws.build("//images:hello", args=("--platform", "aarch64"))
+    assert run.rc == 0, run.stderr[-3000:]
+    link = Path(run.json["outputs"]["//images:hello (aarch64)"])
+    meta = json.loads((link / "image.json").read_text())
+    host_meta = json.loads((built["a"][1] / "image.json").read_text())
+    assert meta["platform"] == "aarch64"
+    assert meta["layers"][1] == host_meta["layers"][1]  # the app layer is one blob for both
+    with tarfile.open(link / "image.tar") as t:
+        config = json.loads(t.extractfile(image.blob_path(meta["config"])).read())
+        assert (config["architecture"], config["variant"]) == ("arm64", "v8")
+        with tarfile.open(fileobj=t.extractfile(image.blob_path(meta["layers"][0]["digest"]))) as layer:
+            elf = layer.extractfile("usr/bin/busybox").read(20)
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183  # EM_AARCH64
+
+
+@requires_bwrap
+def test_the_vllm_images_load_and_plan(built):
+    ws, _link, _secs = built["a"]
+    start = time.monotonic()
+    run = ws.build("//images:vllm-sm121", "//images:vllm-sm120", args=("--dry-run",))
+    assert run.rc == 0, run.stderr[-3000:]
+    assert run.json["ok"], run.stderr[-3000:]
+    query = ws.cli("query", "deps(//images:vllm-sm121)")
+    assert query.rc == 0, query.stderr
+    deps = set(query.stdout.split())
+    assert {"//wheels:vllm-sm121", "//wheels:flashinfer-sm121", "//vllm:torch-env", "//images:base-python",
+            "//toolchains:host"} <= deps
+    print(f"\ndry run of both vLLM images: {time.monotonic() - start:.1f}s")
+
+
+@requires_bwrap
+def test_refusals_are_one_line_naming_the_target_before_anything_runs(built):
+    ws, _link, _secs = built["a"]
+    layers = ", ".join(f'{{ name = "l{i}", files = {{ "f{i}" = "x" }} }}' for i in range(127))
+    ws.write({"targets/refused.toml": f'[many]\nkind = "oci_image"\nsystem = "//images:busybox"\nlayers = [{layers}]\n'})
+    try:
+        run = ws.cli("build", "--dry-run", "//refused:many")
+    finally:
+        (ws.root / "targets" / "refused.toml").unlink()
+    assert run.rc == 1
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: //refused:many (targets/refused.toml [many] key 'layers'): 128 layers: an image holds "
+                      "at most 127 (containerd's limit)"], run.stderr
+
+
+# -- a real daemon ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dockerd():
+    """Debian's dockerd on a private socket and data root: no iptables, no bridge (OCI.md)."""
+    if DOCKERD is None or docker is None:
+        pytest.skip("dockerd is not installed (apt-get install --no-install-recommends docker.io)")
+    d = Path(tempfile.mkdtemp(prefix="bgd-", dir="/tmp"))  # short: a socket path holds 107 bytes
+    (d / "daemon.json").write_text("{}")
+    log = open(d / "dockerd.log", "wb")
+    proc = subprocess.Popen(
+        [DOCKERD, "--host", f"unix://{d}/docker.sock", "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
+         "--pidfile", str(d / "dockerd.pid"), "--config-file", str(d / "daemon.json"), "--iptables=false",
+         "--ip-forward=false", "--ip-masq=false", "--bridge=none", "--storage-driver", "overlay2"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    host = f"unix://{d}/docker.sock"
+    client = None
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < 30:
+            if proc.poll() is not None:
+                pytest.fail(f"dockerd exited: {(d / 'dockerd.log').read_text()[-2000:]}")
+            try:
+                client = docker.DockerClient(base_url=host, timeout=30)
+                client.ping()
+                break
+            except Exception:
+                client = None
+                time.sleep(0.2)
+        if client is None:
+            pytest.fail(f"dockerd did not answer within 30 s: {(d / 'dockerd.log').read_text()[-2000:]}")
+        print(f"\ndockerd ready in {time.monotonic() - start:.2f}s")
+        yield host, client
+    finally:
+        if client is not None:
+            client.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for group in Path("/sys/fs/cgroup").glob(f"*/{CGROUP}"):  # containers' groups outlive the daemon
+            for sub in sorted(group.rglob("*"), reverse=True):
+                if sub.is_dir():
+                    try:
+                        sub.rmdir()
+                    except OSError:
+                        pass
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+        shutil.rmtree(d, ignore_errors=True)
+
+
+CGROUP = f"bgraph-oci-test-{os.getpid()}"
+
+
+def _run(client, ref: str, command=None) -> str:
+    """Run the image with no network; its output."""
+    container = client.containers.run(ref, command, network_mode="none", detach=True, cgroup_parent=f"/{CGROUP}",
+                                      mem_limit="256m")
+    try:
+        status = container.wait(timeout=60)
+        logs = container.logs().decode()
+        assert status["StatusCode"] == 0, logs
+        return logs
+    finally:
+        container.remove(force=True)
+
+
+def _load(ws: WS, host: str, *args: str) -> dict:
+    run = ws.cli("load", "--json", *args, env={"DOCKER_HOST": host}, timeout=300)
+    assert run.rc == 0, run.output[-3000:]
+    return run.json
+
+
+@requires_bwrap
+@requires_dockerd
+def test_load_runs_and_reloads_only_the_layers_the_daemon_lacks(built, dockerd):
+    host, client = dockerd
+    ws, link, _secs = built["b"]
+    meta = json.loads((link / "image.json").read_text())
+    first = _load(ws, host, "//images:hello")
+    assert (first["status"], first["layers"], first["layers_sent"]) == ("loaded", 2, 2)
+    assert first["image_id"] == meta["config"] and first["ref"] == "localhost/bgraph/hello:0.1"
+    assert client.images.get("localhost/bgraph/hello:0.1").id == meta["config"]
+    assert _run(client, "localhost/bgraph/hello:0.1") == f"hello from bgraph on {os.uname().machine}\n"
+    again = _load(ws, host, "//images:hello")
+    assert (again["status"], again["bytes_sent"]) == ("present", 0)
+
+    # an edit of the app: one layer rebuilt, the system layer's digest unchanged, one layer sent
+    toml = ws.root / "targets" / "images.toml"
+    toml.write_text(toml.read_text().replace('"app/greeting" = "bgraph"', '"app/greeting" = "bgraph v2"'))
+    second = _load(ws, host, "//images:hello")
+    meta2 = json.loads((Path(second["output"]) / "image.json").read_text())
+    assert meta2["layers"][0] == meta["layers"][0] and meta2["layers"][1] != meta["layers"][1]
+    assert (second["status"], second["layers_sent"]) == ("loaded", 1), second
+    assert second["bytes_sent"] < 64 << 10 < meta["layers"][0]["size"], second
+    assert _run(client, "localhost/bgraph/hello:0.1") == f"hello from bgraph v2 on {os.uname().machine}\n"
+    full = _load(ws, host, "--full", "//images:hello")
+    assert (full["layers_sent"], full["status"]) == (2, "loaded")
+    print(f"\nload: cold {first['bytes_sent']} B in {first['seconds']}s; app edit {second['bytes_sent']} B "
+          f"({second['layers_sent']}/{second['layers']} layers) in {second['seconds']}s; the same whole "
+          f"{full['bytes_sent']} B in {full['seconds']}s")
+
+
+@requires_bwrap
+@requires_dockerd
+def test_a_python_image_with_a_wheel_runs(built, dockerd):
+    host, client = dockerd
+    ws, _link, _secs = built["a"]
+    loaded = _load(ws, host, "//imgtest:py")
+    assert loaded["layers_sent"] == 2
+    out = _run(client, "localhost/bgraph/py:latest")
+    assert out == "hello from a wheel 3.11.2 /usr/local/lib/python3.11/dist-packages/bgdemo/__init__.py\n", out
+
+
+@requires_bwrap
+@requires_dockerd
+def test_load_errors_are_one_line_with_a_hint(built, dockerd, tmp_path):
+    host, _client = dockerd
+    ws, _link, _secs = built["a"]
+    run = ws.cli("load", "//images:hello", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert run.rc == 2
+    assert f"error: cannot reach a Docker daemon at unix://{tmp_path}/none.sock: no socket there" in run.stderr
+    assert "hint: start a Docker daemon" in run.stderr and "Traceback" not in run.stderr
+    run = ws.cli("load", "--full", "--timeout", "0.001", "//images:hello", env={"DOCKER_HOST": host})
+    assert run.rc == 2 and "timed out after 0.001 s" in run.stderr and "Traceback" not in run.stderr, run.output
+    run = ws.cli("load", "//toolchains:host", env={"DOCKER_HOST": host})
+    assert run.rc == 2 and "is a deb_packages target; `bgraph load` loads oci_image targets" in run.stderr
+
+
+class _OldDaemon(http.server.BaseHTTPRequestHandler):
+    """Answers /version as Docker 19.03 (API 1.40) does."""
+
+    def do_GET(self):
+        body = json.dumps({"Version": "19.03.15", "ApiVersion": "1.40", "MinAPIVersion": "1.12",
+                           "Components": [{"Name": "Engine", "Version": "19.03.15"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def address_string(self):
+        return "unix"
+
+    def log_message(self, *args):
+        pass
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.mark.skipif(docker is None, reason="the docker SDK is not installed")
+def test_a_daemon_too_old_is_refused_before_anything_is_sent(monkeypatch):
+    from build_graph.oci.load import ImageLoadError, connect
+
+    d = Path(tempfile.mkdtemp(prefix="bgo-", dir="/tmp"))
+    server = _UnixServer(str(d / "old.sock"), _OldDaemon)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{d}/old.sock")
+        with pytest.raises(ImageLoadError) as e:
+            connect(timeout=10)
+        text = e.value.render()
+        assert "is too old: Docker 19.03.15 (API 1.40); loading needs API 1.41 (Docker 20.10) or newer" in text
+        assert "hint: upgrade Docker" in text
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(d, ignore_errors=True)
