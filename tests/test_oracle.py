@@ -13,8 +13,8 @@ equal a fresh cache's build of a copy of the workspace. Everything runs through 
 
 Environment (read from the process's own environment even though conftest clears BGRAPH_*):
 BGRAPH_ORACLE_SEED (default 33), BGRAPH_ORACLE_EXAMPLES and BGRAPH_ORACLE_STEPS (the CI bound:
-10 examples of up to 20 steps, about 3.5 minutes on 2 cores when nothing fails; a failure adds
-up to 5 minutes of shrinking); BGRAPH_ORACLE_SKIP (comma-separated rule names, or rule:value, left
+10 examples of up to 20 steps, about 130 steps: 1.5 to 3.7 minutes on a shared 2-core machine
+when nothing fails; a failure adds up to 5 minutes of shrinking); BGRAPH_ORACLE_SKIP (comma-separated rule names, or rule:value, left
 out, to hunt a second bug while a first is open; never set in CI); BGRAPH_ORACLE_VERBOSE=1 (every
 example's recipe, with -s); BGRAPH_ORACLE_NOW=1 (edits may also keep the mtime they were written
 with: racy or not by timing, so not reproducible; for the soak). A failure prints the seed,
