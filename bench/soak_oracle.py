@@ -34,10 +34,11 @@ def main() -> int:
     args = p.parse_args()
     os.environ["BGRAPH_ORACLE_SKIP"] = args.skip
     os.environ["BGRAPH_ORACLE_NOW"] = "1" if args.now else ""
+    scratch = Path(tempfile.mkdtemp(prefix="bgraph-soak-oracle-"))
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(scratch / "hypothesis")  # not <cwd>/.hypothesis
     sys.path[:0] = [str(TESTS), str(TESTS.parent)]
     import test_oracle  # noqa: E402  (reads BGRAPH_ORACLE_SKIP)
 
-    scratch = Path(tempfile.mkdtemp(prefix="bgraph-soak-oracle-"))
     end = time.monotonic() + args.minutes * 60
     steps = failures = 0
     seed = last = args.seed

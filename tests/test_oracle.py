@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import hypothesis
+import hypothesis.configuration
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -41,6 +42,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import oracle_lib as ol
 from bgraph_testlib import requires_bwrap
+
+# Hypothesis keeps a cache of the constants it finds in our code in <cwd>/.hypothesis: not in the
+# checkout (the suite's last test checks that it leaves that as it found it). Under pytest HOME is
+# conftest's private one, removed after the session; the soak names its own directory.
+if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+    hypothesis.configuration.set_hypothesis_home_dir(Path(os.path.expanduser("~")) / ".hypothesis")
 
 pytestmark = [requires_bwrap,
               pytest.mark.skipif(not all(shutil.which(t) for t in ("gcc", "ninja", "cmake")),
