@@ -404,10 +404,14 @@ def test_full_disk_names_the_cache_the_workspace_configures(make_ws, tiny_cache)
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_a_blob_whose_mode_changed_is_evicted(cas):
-    """A chmod through a linked output changes every tree that links the blob: never trusted."""
+def test_a_blob_whose_mode_changed_is_hashed_and_its_mode_put_back(cas):
+    """A chmod through a linked output changes every tree that links the blob: the stamp no
+    longer holds, the bytes are hashed, and (sound) the blob's mode is put back for all of them."""
     e = cas.put_bytes(b"plain")
     path = cas.blob_path(e.digest)
     path.chmod(0o755)
     fresh = LocalCas(cas.base.parent.parent, B3)
-    assert not fresh.verify(e) and not path.exists()
+    assert fresh.verify(e) and stat.S_IMODE(path.stat().st_mode) == 0o444
+    path.chmod(0o644)
+    path.write_bytes(b"PLAIN")  # and with other bytes: removed
+    assert not LocalCas(cas.base.parent.parent, B3).verify(e) and not path.exists()

@@ -234,6 +234,11 @@ class LocalCas:
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
         self._intact: set[str] = set()  # materialized trees checked whole by this process
+        # One lock per tree digest: two lanes finding one damaged tree must not both remake it
+        # (one would remove the directory the other is filling or mounting).
+        self._tree_locks: dict[str, threading.Lock] = {}
+        self._tree_locks_lock = threading.Lock()
+        self._source_of: dict[str, str] = {}  # digest -> workspace path of a source stored by this process
         # Blob name -> stat stamp of the copy last hashed good (see verify).
         self._stamps = JsonTable(self.base / "verified.json", self.tmp)
         self._stored_trees: set[str] = set()  # root digests whose nodes this process has written
@@ -424,6 +429,8 @@ class LocalCas:
         stamp = filestate.of(st, os.readlink(key) if link else "")
         known = self._sources.table.get(key)
         if known and known[:6] == stamp:
+            if store:
+                self._source_of[known[6]] = key
             return FileEntry(known[6], st.st_size, bool(st.st_mode & stat.S_IXUSR))
         try:
             entry = (self._put_file(key, st, None, False) if store else
@@ -434,6 +441,8 @@ class LocalCas:
             raise
         if not filestate.racy(stamp, time.time_ns()):  # a racily clean stamp proves nothing yet
             self._sources.set(key, [*stamp, entry.digest])
+        if store:
+            self._source_of[entry.digest] = key
         return entry
 
     def hash_sources(self, root: Path, paths) -> Tree:
@@ -503,18 +512,39 @@ class LocalCas:
                     continue
                 if hash_file(copy, self.digester) != entry.digest:
                     raise CorruptBlob("digest mismatch")
+                mode = 0o555 if copy.endswith(".x") else 0o444
+                if stat.S_IMODE(st.st_mode) != mode:
+                    # A chmod through a linked output (hard links share the mode): the bytes were
+                    # just hashed sound, so the mode every tree linking this inode shows is put back.
+                    log.warning("cache blob %s had its mode changed; put back", entry.digest[:16])
+                    os.chmod(copy, mode)
+                    stamp = stat_stamp(os.stat(copy))
                 with self._stamp_lock:  # recorded only if nothing touched it while it was hashed
                     if stat_stamp(os.stat(copy)) == stamp:
                         self._stamps.set(name, stamp)
         except FileNotFoundError:
-            return False
+            return self._restore_source(entry)
         except CorruptBlob as e:
             log.warning("cache blob %s is corrupted (%s); removed, it will be rebuilt or refetched",
                         entry.digest[:16], e.message)
             self.evict(entry.digest)
-            return False
+            return self._restore_source(entry)
         self._verified.add(seen)
         return True
+
+    def _restore_source(self, entry: FileEntry) -> bool:
+        """A missing or evicted blob that is also a workspace source this build stored is stored
+        again from the workspace, where the file still has those bytes (else False: the action
+        that made it runs again, or the build says the blob is gone)."""
+        key = self._source_of.pop(entry.digest, None)
+        if key is None:
+            return False
+        self._sources.discard(key)
+        try:
+            again = self.put_source(key)
+        except OSError:
+            return False
+        return again.digest == entry.digest and self.verify(entry)
 
     def evict(self, digest: str) -> None:
         """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
@@ -631,6 +661,14 @@ class LocalCas:
         digest = tree.digest(self.digester)
         self.holds.hold("tree", digest)  # before looking: a collection now keeps it
         dest = self.trees / digest
+        if digest in self._intact:
+            return dest
+        with self._tree_locks_lock:
+            lock = self._tree_locks.setdefault(digest, threading.Lock())
+        with lock:
+            return self._materialize(tree, digest, dest)
+
+    def _materialize(self, tree: Tree, digest: str, dest: Path) -> Path:
         if dest.exists():
             if digest in self._intact or self._is_intact(tree, dest):
                 self._intact.add(digest)
@@ -677,6 +715,7 @@ class LocalCas:
             rmtree(staging)
             raise
         self._restamp(linked)
+        self._intact.add(digest)
         return dest
 
     def _is_intact(self, tree: Tree, dest: Path) -> bool:
