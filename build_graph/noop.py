@@ -115,6 +115,8 @@ class Previous:
         (the caller builds)."""
         if self.changed != set() or not self.own:
             return False
+        if as_json and self.record.summary.get("remote"):
+            return False  # --json reports the remote's figures: only the full path has them
         entries = memo.load(self.asked.store, self.asked.digest, self.record.memo) if as_json else None
         if as_json and entries is None:
             return False  # the memo lists the actions; without it, the full path does
@@ -185,7 +187,8 @@ class Recording:
         self._save(cache, [str(uptodate.generation_path(cache / "v1")), *host_tools,
                            *(os.path.realpath(p) for p in host_tools)],
                    link_targets, {"actions": summary["executed"] + summary["hits"] + summary["cut_off"],
-                                  "outputs": {label: str(link) for label, link in links.items()}}, entries)
+                                  "outputs": {label: str(link) for label, link in links.items()},
+                                  "remote": "remote" in summary}, entries)
 
     def remember(self, text: str, code: int, cache: Path) -> None:
         """Record the answer of a command that reads only the workspace (query, why)."""
