@@ -45,10 +45,15 @@ minus the other processes' sampled CPU, arch_cache.Meter) is given beside it.
 bgraph runs from a `git archive` snapshot of --bgraph-rev (default HEAD), so edits to the checkout
 during a run cannot mix versions; `--bgraph-rev worktree` runs the checkout's build_graph/.
 
+Before/after: `--base-rev REV` runs a second commit as builder "bgraph-base" beside the others in every
+genrule repeat (interleaved, the order rotated), and reports each one's own wall and CPU per action and
+their ratio within each repeat; `--no-profile` skips the --profile builds. `--bgraph-rev dir:PATH` runs
+bgraph from a tree prepared elsewhere.
+
 Usage: python3 bench/small_actions.py [--parts genrule,floor,cprofile,pyspy,gil,strace,cuda] [--n 300]
                                       [--tus 24] [--repeat 3] [--cuda-repeat 2] [--gil-repeat 2] [--strace-n 100]
-                                      [--jobs 2] [--bgraph-rev REV] [--toolchain-cache DIR] [--json-out FILE]
-                                      [--keep-traces DIR] [--keep]
+                                      [--jobs 2] [--bgraph-rev REV] [--base-rev REV] [--no-profile]
+                                      [--toolchain-cache DIR] [--json-out FILE] [--keep-traces DIR] [--keep]
 
 The figures and the command of the recorded run: BENCHMARKS.md, "Small actions (issue 34)".
 """
@@ -111,13 +116,21 @@ def write_genrule_workspace(root: Path, n: int) -> None:
 
 
 def timed(argv: list[str], cwd: Path, env: dict[str, str], out: Path | None = None) -> dict:
-    """Run one build: wall seconds, own CPU (Meter), and its exit status checked."""
+    """Run one build: wall seconds, own CPU (Meter: the machine's busy time less the other
+    processes' sampled CPU), the CPU of its own process tree (the rusage of the build and every
+    process it waited for, exact but blind to kernel threads working for it), and its exit status
+    checked."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(out or os.devnull, "wb") as sink, Meter() as m:
         proc = subprocess.run(argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         tail = out.read_bytes()[-3000:].decode(errors="replace") if out else ""
         raise RuntimeError(f"failed ({proc.returncode}): {' '.join(argv)}\n{tail}")
-    return {"wall": m.wall, "own_cpu": m.own, "foreign_cpu": m.foreign}
+    tree = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": m.wall, "own_cpu": m.own, "foreign_cpu": m.foreign, "tree_cpu": tree,
+            "tree_sys": after.ru_stime - before.ru_stime}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -385,14 +398,17 @@ def cprofile_child(out_prefix: str, argv: list[str]) -> int:
 class Bgraph:
     """How to run bgraph: a snapshot of one commit (or the worktree)."""
 
-    def __init__(self, rev: str, root: Path):
-        if rev == "worktree":
+    def __init__(self, rev: str, root: Path, name: str = "bgraph-src"):
+        if rev.startswith("dir:"):  # a tree prepared elsewhere (say, HEAD with some files laid over it)
+            self.src, self.commit = Path(rev[4:]).resolve(), "-"
+            self.version = f"directory {self.src}"
+        elif rev == "worktree":
             self.src, self.commit = REPO, run_out(["git", "-C", str(REPO), "rev-parse", "HEAD"])
             dirty = run_out(["git", "-C", str(REPO), "status", "--porcelain", "build_graph"])
             self.version = f"working tree at {self.commit[:12]}" + (" (build_graph/ modified)" if dirty else "")
         else:
             self.commit = run_out(["git", "-C", str(REPO), "rev-parse", "--verify", rev + "^{commit}"])
-            self.src = root / "bgraph-src"
+            self.src = root / name
             self.src.mkdir()
             archive = subprocess.run(["git", "-C", str(REPO), "archive", self.commit], capture_output=True,
                                      check=True).stdout
@@ -409,10 +425,13 @@ def run_out(cmd: list[str]) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def part_genrule(bg: Bgraph, root: Path, args, results: dict) -> None:
+def part_genrule(bg: Bgraph, root: Path, args, results: dict, base: Bgraph | None = None) -> None:
+    """`base`: a second bgraph (--base-rev), run as builder "bgraph-base" beside the others in
+    every repeat (interleaved, the order rotated), for a before/after of two commits."""
     n, j = args.n, args.jobs
     ninja = shutil.which("ninja")
-    builders = ["make", *(["ninja"] if ninja else []), "bgraph"]
+    bgs = {"bgraph": bg, **({"bgraph-base": base} if base is not None else {})}
+    builders = ["make", *(["ninja"] if ninja else []), *bgs]
     rows = []
     profiles = []
     for rep in range(args.repeat):
@@ -430,39 +449,45 @@ def part_genrule(bg: Bgraph, root: Path, args, results: dict) -> None:
                 r = timed([ninja, f"-j{j}"], ws, clean_env())
                 got = (ws / "out" / "o7.txt").read_text()
             else:
+                b = bgs[name]
                 cache = root / f"g-cache-{rep}"
-                r = timed([*bg.cmd, "-C", str(ws), "--cache-dir", str(cache), "build", f"-j{j}", "//many:all"],
-                          ws, bg.env, out=root / f"g-bgraph-{rep}.log")
+                r = timed([*b.cmd, "-C", str(ws), "--cache-dir", str(cache), "build", f"-j{j}", "//many:all"],
+                          ws, b.env, out=root / f"g-{name}-{rep}.log")
                 got = (ws / "bgraph-out" / "many" / "g7" / "o7.txt").read_text()
             assert got == "7\n7\n", got
             r.update(builder=name, repeat=rep)
             rows.append(r)
-            print(f"  {name:7s} wall {r['wall']:7.3f}s  own cpu {r['own_cpu']:6.2f}s  foreign {r['foreign_cpu']:6.2f}s",
+            print(f"  {name:11s} wall {r['wall']:7.3f}s  own cpu {r['own_cpu']:6.2f}s  foreign {r['foreign_cpu']:6.2f}s",
                   flush=True)
             rmtree(ws)
-            if name == "bgraph":
+            if name in bgs:
                 rmtree(root / f"g-cache-{rep}")
+        if args.no_profile:
+            continue
         # the same cold build with --profile --json, for per-action timings (not in the ratio)
-        ws, cache = root / f"g-prof-{rep}", root / f"g-prof-cache-{rep}"
-        write_genrule_workspace(ws, n)
-        age(ws)
-        trace = root / f"profile-{rep}.json"
-        summary_path = root / f"profile-{rep}.summary.json"
-        r = timed([*bg.cmd, "-C", str(ws), "--cache-dir", str(cache), "build", f"-j{j}", "--json",
-                   "--profile", str(trace), "//many:all"], ws, bg.env, out=summary_path)
-        summary = json.loads(summary_path.read_text())
-        per = profile_per_action(trace)
-        per.update(wall=r["wall"], own_cpu=r["own_cpu"], internal_wall=summary["wall_s"],
-                   executed=summary["executed"], profile_summary=summary.get("profile"))
-        if args.keep_traces:
-            shutil.copy(trace, Path(args.keep_traces) / trace.name)
-        per["rows"] = per["rows"] if args.json_rows else None
-        profiles.append(per)
-        print(f"  bgraph --profile: wall {r['wall']:.3f}s, inside the build {summary['wall_s']:.3f}s, "
-              f"{per['n']} actions, phase medians (ms) {per['phase_median_ms']}", flush=True)
-        rmtree(ws)
-        rmtree(cache)
-    results["genrule"] = {"n": n, "jobs": j, "runs": rows, "profiles": profiles}
+        for name in [b for b in order if b in bgs]:
+            b = bgs[name]
+            ws, cache = root / f"g-prof-{rep}", root / f"g-prof-cache-{rep}"
+            write_genrule_workspace(ws, n)
+            age(ws)
+            trace = root / f"profile-{name}-{rep}.json"
+            summary_path = root / f"profile-{name}-{rep}.summary.json"
+            r = timed([*b.cmd, "-C", str(ws), "--cache-dir", str(cache), "build", f"-j{j}", "--json",
+                       "--profile", str(trace), "//many:all"], ws, b.env, out=summary_path)
+            summary = json.loads(summary_path.read_text())
+            per = profile_per_action(trace)
+            per.update(builder=name, wall=r["wall"], own_cpu=r["own_cpu"], internal_wall=summary["wall_s"],
+                       executed=summary["executed"], profile_summary=summary.get("profile"))
+            if args.keep_traces:
+                shutil.copy(trace, Path(args.keep_traces) / trace.name)
+            per["rows"] = per["rows"] if args.json_rows else None
+            profiles.append(per)
+            print(f"  {name} --profile: wall {r['wall']:.3f}s, inside the build {summary['wall_s']:.3f}s, "
+                  f"{per['n']} actions, phase medians (ms) {per['phase_median_ms']}", flush=True)
+            rmtree(ws)
+            rmtree(cache)
+    results["genrule"] = {"n": n, "jobs": j, "runs": rows, "profiles": profiles,
+                          "versions": {k: v.version for k, v in bgs.items()}}
 
 
 def drop(argv: list[str], option: str, values: int) -> list[str]:
@@ -779,16 +804,28 @@ def report(results: dict) -> None:
             by[r["builder"]].append(r)
         w = {k: med([r["wall"] for r in v]) for k, v in by.items()}
         print(f"\n### {n} tiny genrules, cold, -j{g['jobs']} (median of {len(by['make'])})\n")
-        print("| builder | wall s (median) | every repeat | ratio to make | own CPU s (median) |")
-        print("|---|---:|---|---:|---:|")
+        print("| builder | wall s (median) | every repeat | ratio to make | own CPU s (median) | process tree CPU s (median) |")
+        print("|---|---:|---|---:|---:|---:|")
         for k, v in by.items():
             print(f"| {k} | {w[k]:.3f} | {walls(v)} | {w[k] / w['make']:.2f}x | "
-                  f"{med([r['own_cpu'] for r in v]):.2f} |")
-        per_rep = [(b["wall"] - mk["wall"]) / n * 1e3 for b, mk in zip(by["bgraph"], by["make"])]
-        print(f"\nbgraph's own wall per action, (bgraph wall - make wall) / {n}, per repeat: "
-              f"{', '.join(f'{x:.1f}' for x in per_rep)} ms (median {med(per_rep):.1f} ms)")
+                  f"{med([r['own_cpu'] for r in v]):.2f} | {med([r.get('tree_cpu', 0) for r in v]):.2f} |")
+        for name, version in g.get("versions", {"bgraph": m.get("bgraph")}).items():
+            own = [(b["wall"] - mk["wall"]) / n * 1e3 for b, mk in zip(by[name], by["make"])]
+            cpu = [(b["own_cpu"] - mk["own_cpu"]) / n * 1e3 for b, mk in zip(by[name], by["make"])]
+            tree = [(b.get("tree_cpu", 0) - mk.get("tree_cpu", 0)) / n * 1e3 for b, mk in zip(by[name], by["make"])]
+            ratio = [b["wall"] / mk["wall"] for b, mk in zip(by[name], by["make"])]
+            print(f"\n{name} ({version}): own wall per action, ({name} wall - make wall) / {n}, per repeat: "
+                  f"{', '.join(f'{x:.1f}' for x in own)} ms (median {med(own):.1f} ms, p90 {pct(own, 0.9):.1f} ms); "
+                  f"own CPU per action (median) {med(cpu):.1f} ms, of its process tree {med(tree):.1f} ms; "
+                  f"wall ratio to make (median) {med(ratio):.2f}x")
+        if "bgraph-base" in by:
+            print("bgraph / bgraph-base within each repeat:")
+            for what, key in (("wall", "wall"), ("own CPU", "own_cpu"), ("process tree CPU", "tree_cpu")):
+                r = [a.get(key, 0) / max(b.get(key, 0), 1e-9) for a, b in zip(by["bgraph"], by["bgraph-base"])]
+                print(f"  {what}: {', '.join(f'{x:.2f}' for x in r)} (median {med(r):.2f}x)")
         for i, p in enumerate(g["profiles"]):
-            print(f"\n--profile build {i + 1}: wall {p['wall']:.2f}s (inside the build {p['internal_wall']:.2f}s), "
+            print(f"\n--profile build {i + 1} ({p.get('builder', 'bgraph')}): wall {p['wall']:.2f}s "
+                  f"(inside the build {p['internal_wall']:.2f}s), "
                   f"{p['n']} actions over {p['actions_window_s']:.2f}s, planning thread busy "
                   f"{p['planning_thread_s']:.2f}s {p['planning_spans']}")
             print("| per action (ms) | median | p90 | sum over actions (s) |")
@@ -997,6 +1034,9 @@ def main() -> int:
     ap.add_argument("--strace-n", type=int, default=100, help="genrules in the strace part")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--bgraph-rev", default="HEAD")
+    ap.add_argument("--base-rev", help="genrule part: also run this commit, as builder bgraph-base, interleaved "
+                                       "(a before/after of two commits in one run)")
+    ap.add_argument("--no-profile", action="store_true", help="genrule part: no --profile builds")
     ap.add_argument("--toolchain-cache", default=str(DEFAULT_TOOLCHAIN_CACHE),
                     help="bgraph cache holding the CUDA toolchain, built once and reused between runs")
     ap.add_argument("--workdir")
@@ -1013,10 +1053,12 @@ def main() -> int:
     results: dict = {"args": vars(args)}
     try:
         bg = Bgraph(args.bgraph_rev, root)
+        base = Bgraph(args.base_rev, root, "bgraph-base-src") if args.base_rev else None
         model = next((l.split(":", 1)[1].strip() for l in run_out(["lscpu"]).splitlines()
                       if l.startswith("Model name")), "?")
         results["machine"] = {"cpu": f"{model}, {os.cpu_count()} CPUs", "kernel": os.uname().release,
-                              "bgraph": bg.version, "bwrap": tool_version(["bwrap", "--version"]),
+                              "bgraph": bg.version, **({"bgraph_base": base.version} if base else {}),
+                              "bwrap": tool_version(["bwrap", "--version"]),
                               "make": tool_version(["make", "--version"]),
                               "ninja": tool_version(["ninja", "--version"]) if shutil.which("ninja") else "-",
                               "loadavg_start": os.getloadavg()}
@@ -1025,7 +1067,7 @@ def main() -> int:
         if "floor" in parts:
             part_floor(root, results)
         if "genrule" in parts:
-            part_genrule(bg, root, args, results)
+            part_genrule(bg, root, args, results, base)
         if "cprofile" in parts:
             part_cprofile(bg, root, args, results)
         if "pyspy" in parts:
