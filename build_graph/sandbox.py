@@ -11,12 +11,13 @@ No capability, as root too (bwrap keeps root's unless told), and a read-only /pr
 from __future__ import annotations
 
 import errno
+import fcntl
+import itertools
 import os
 import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.incremental import filestate
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
-from build_graph.spares import Spares, environment_options, launch_script
+from build_graph.spares import Outputs, Spares, environment_options, memfd
 from build_graph.store.cas import LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
 
@@ -136,6 +137,9 @@ class BwrapRunner:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.stopping = False
+        self._free_dirs: list[Path] = []  # emptied output directories, for the next actions
+        self._dir_names = itertools.count()  # names in this build's own staging directory
+        self._dir_made: tuple | None = None  # how a new one looks (_as_made)
         # Per-action cgroups where this host allows them: CPU time (else 0) and peak memory
         # (else sampled from the process tree).
         self.accounting = Accounting.probe()
@@ -181,18 +185,17 @@ class BwrapRunner:
             except ValueError:
                 raise SandboxError(f"declared output {o!r} is not a relative path inside the output directory",
                                    where=action.name) from None
-        work = Path(tempfile.mkdtemp(dir=self.cas.tmp, prefix="act-"))
         groups: dict[str, Path] = {}  # the action's cgroups, where its CPU time and memory are accounted
-        out_dir = work / "out"
-        out_dir.mkdir()
+        out_dir = self._out_dir()
+        outputs: Outputs | None = None
         try:
             if action.staged:
                 _stage(out_dir, action.input_tree(action.staged), action.staged)
             for o in () if whole else action.outputs:
-                (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
-            stdout_path, stderr_path = work / "stdout", work / "stderr"
+                if "/" in o:
+                    (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
             start = time.monotonic()
-            proc, groups = self._start(action, out_dir, work, stdout_path, stderr_path)
+            proc, groups, outputs = self._start(action, out_dir)
             try:
                 # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:
                 # it starts from bgraph's own high-water mark (see cgroups.py).
@@ -214,13 +217,12 @@ class BwrapRunner:
             peak_mb = self.accounting.peak_mb(groups) if sampler is None else sampler.peak_kb // 1024
             if stamps is not None:
                 stamps.update(process_start=start, process_end=end)
-            stderr = stderr_path.read_bytes()
-            stdout = stdout_path.read_bytes()
+            stdout, stderr = outputs.read()
             if self.stopping:
                 raise ActionFailed("interrupted", where=action.name)
-            if code != 0 and shutil.disk_usage(work).free < LOW_SPACE:
-                # The action wrote its outputs (and we its stderr) on the cache's disk, which is
-                # full: its own error text is lost or misleading; say what happened.
+            if code != 0 and shutil.disk_usage(out_dir).free < LOW_SPACE:
+                # The action wrote its outputs on the cache's disk, which is full: its own error
+                # text is lost or misleading; say what happened.
                 raise OSError(errno.ENOSPC, "no space left in the cache directory")
             if code != 0:
                 raise ActionFailed(f"exited with status {code}\n{_tail(stdout + stderr)}", where=action.name)
@@ -242,55 +244,99 @@ class BwrapRunner:
                 cpu_s=round(cpu_s or 0.0, 3))
             return tree, result
         finally:
+            if outputs is not None:
+                outputs.close()
             if self.spares is not None:
                 self.spares.retire(groups)
             else:
                 self.accounting.remove(groups)
-            rmtree(work)
+            self._done_with(out_dir, reuse=not self.stopping)
 
-    def _start(self, action: Action, out_dir: Path, work: Path, stdout_path: Path, stderr_path: Path
-               ) -> tuple[subprocess.Popen, dict[str, Path]]:
+    def _out_dir(self) -> Path:
+        """An empty output directory for the next action: one an earlier action of this runner
+        left (emptied, and checked to be as made), else a new one in this build's staging. A
+        directory made and removed per action was two of the files each action cost (issue 34)."""
+        with self._lock:
+            if self._free_dirs:
+                return self._free_dirs.pop()
+        while True:
+            path = Path(f"{self.cas.tmp}/act-{next(self._dir_names)}")
+            try:
+                path.mkdir()
+            except FileExistsError:  # never, in a staging directory of our own
+                continue
+            self._dir_made = _as_made(path)
+            return path
+
+    def _done_with(self, out_dir: Path, reuse: bool) -> None:
+        """Empty `out_dir` for the next action, or remove it. It is reused only if what the
+        action left in it is gone and the directory itself is as a new one is made (its mode,
+        owner, size, extended attributes such as an ACL, and inode flags): no action sees
+        anything an earlier one left, and its mtime is a clock's, as a new directory's is."""
+        if reuse:
+            try:
+                with os.scandir(out_dir) as entries:
+                    for e in entries:
+                        rmtree(Path(e.path))
+                reuse = self._dir_made is not None and _as_made(out_dir) == self._dir_made
+            except OSError:
+                reuse = False
+        if reuse:
+            with self._lock:
+                if not self.stopping:
+                    self._free_dirs.append(out_dir)
+                    return
+        rmtree(out_dir)
+
+    def _start(self, action: Action, out_dir: Path) -> tuple[subprocess.Popen, dict[str, Path], Outputs]:
         """The action's process, started in its cgroups (through a spare where one is ready),
-        its output going to `stdout_path` and `stderr_path`; registered for stop()."""
+        its stdout and stderr going to memory files; registered for stop()."""
         # bwrap reads its options from a descriptor (it closes it after reading), so the
         # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
         bwrap, *options = self.command(action, out_dir)
         split = options.index("--")
-        args_file = work / "bwrap.args"
         env = self.environment(action)
         env_options = environment_options(env) if self.spares is not None else None
         spare = self.spares.take() if env_options is not None else None
         if spare is not None:
-            args_file.write_bytes(_nul_separated([*options[:split], *env_options]))
-            script = work / "launch.sh"
-            script.write_text(launch_script(bwrap, args_file, options[split + 1:], stdout_path, stderr_path))
-            for path in (stdout_path, stderr_path):  # there to read even if the spare ends before its script runs
-                path.write_bytes(b"")
             with self._lock:  # registered before it runs the action, so stop() cannot miss it
                 self._procs.add(spare.proc)
-            if spare.launch(script):
-                return spare.proc, spare.groups
+            if spare.launch(bwrap, _nul_separated([*options[:split], *env_options]), options[split + 1:]):
+                return spare.proc, spare.groups, spare.outputs
             with self._lock:
                 self._procs.discard(spare.proc)
+            spare.outputs.close()
             self.accounting.remove(spare.groups)
-        args_file.write_bytes(_nul_separated(options[:split]))
         groups = self.accounting.new_groups()
+        outputs = args = None
         try:
-            with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se, open(args_file, "rb") as af:
-                argv = self.accounting.wrap(groups, [bwrap, "--args", str(af.fileno()), *options[split:]])
-                proc = subprocess.Popen(argv, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                        pass_fds=(af.fileno(),), start_new_session=True, env=env)
+            outputs, args = Outputs.new(), memfd("options")
+            os.write(args, _nul_separated(options[:split]))
+            os.lseek(args, 0, os.SEEK_SET)
+            argv = self.accounting.wrap(groups, [bwrap, "--args", str(args), *options[split:]])
+            proc = subprocess.Popen(argv, stdout=outputs.stdout, stderr=outputs.stderr, stdin=subprocess.DEVNULL,
+                                    pass_fds=(args,), start_new_session=True, env=env)
         except BaseException:
+            if outputs is not None:
+                outputs.close()
             self.accounting.remove(groups)
             raise
+        finally:
+            if args is not None:
+                os.close(args)
         with self._lock:
             self._procs.add(proc)
-        return proc, groups
+        return proc, groups, outputs
 
     def close(self) -> None:
-        """End the idle spares (the end of a build); the next action starts new ones."""
+        """End the idle spares and remove the idle output directories (the end of a build); the
+        next action starts new ones."""
         if self.spares is not None:
             self.spares.close()
+        with self._lock:
+            free, self._free_dirs = self._free_dirs, []
+        for d in free:
+            rmtree(d)
 
     def stop(self) -> None:
         """Kill every running sandbox (Ctrl-C); nothing partial reaches the store."""
@@ -367,6 +413,27 @@ def _stage(out_dir: Path, tree: Tree, mount: str) -> None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(f"{mount}/{path}", target)
+
+
+FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long): chattr's inode flags
+
+
+def _as_made(path: Path) -> tuple | None:
+    """What an action could see of an empty output directory besides its times: its type,
+    mode, owner, link count, size (a directory that held many names stays larger), extended
+    attributes (an ACL the owner set) and inode flags (chattr's: an owner may set several
+    without a capability). None where it is not a plain directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        try:
+            flags = fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8)
+        except OSError:  # a file system without inode flags: none can be set either
+            flags = b""
+        xattrs = os.listxattr(fd)
+    finally:
+        os.close(fd)
+    return (st.st_mode, st.st_uid, st.st_gid, st.st_nlink, st.st_size, flags, sorted(xattrs))
 
 
 def _symlinked_parent(out_dir: Path, output: str) -> str | None:

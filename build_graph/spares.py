@@ -9,9 +9,16 @@ long before it started: 4-5% of a build of small steps. (clone3's CLONE_INTO_CGR
 only, avoids the lock; Python's subprocess cannot use it.)
 
 A spare is a /bin/sh that joins the next action's groups while earlier actions run, then waits
-on a pipe for the script that says what to exec: the action starts without the wait, its first
+on a pipe for the word to run its launch script: the action starts without the wait, its first
 process already counted in its groups. A spare that is gone when its action comes (killed, or
 its join refused) is passed over: the sandbox starts that action the direct way.
+
+A spare touches no file of its action: it is started with four memory files (memfd) of its own,
+its stdout and stderr (the action's), the launch script and bwrap's options. The action's thread
+writes the last two, then one newline on the pipe; the spare sources the script from its
+descriptor and execs bwrap, which reads its options from theirs. (Before, each action wrote the
+options and the script as files, and two empty stdout/stderr files, and removed them: four files
+made and removed per action, and the spare read the script's path a byte at a time.)
 
 Spares are started by one thread per bgraph process, which never ends: bwrap --die-with-parent
 kills the sandbox when the thread that started its process exits, and an action's thread ends
@@ -21,6 +28,7 @@ only sandbox.py uses this.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import threading
@@ -29,9 +37,11 @@ from pathlib import Path
 
 from build_graph.cgroups import Accounting
 
-# Join every group named, then wait for the path of the launch script (a line on stdin) and run
-# it in this process; end quietly when bgraph closes the pipe instead (the spare is not needed).
-SPARE = 'for f; do echo $$ > "$f" || exit 125; done; IFS= read -r launch || exit 0; . "$launch"'
+# Join every group named (the arguments after the script's descriptor), then wait for a line on
+# stdin and run the launch script (on that descriptor) in this process; end quietly when bgraph
+# closes the pipe instead (the spare is not needed).
+SPARE = ('script=$1; shift; for f; do echo $$ > "$f" || exit 125; done; '
+         'IFS= read -r go || exit 0; . "/proc/self/fd/$script"')
 
 # bwrap takes at most 9,000 arguments; an environment that needs more --setenv options than
 # this is started the direct way (the sandbox passes it as bwrap's own environment).
@@ -39,27 +49,94 @@ MAX_SETENV_ARGS = 6000
 
 
 @dataclass
+class Outputs:
+    """The memory files an action's process writes its stdout and stderr into (bgraph keeps its
+    own descriptors of them, to read when the process has ended)."""
+
+    stdout: int
+    stderr: int
+
+    @classmethod
+    def new(cls) -> "Outputs":
+        return cls(memfd("stdout"), memfd("stderr"))
+
+    def read(self) -> tuple[bytes, bytes]:
+        return read_memfd(self.stdout), read_memfd(self.stderr)
+
+    def close(self) -> None:
+        for fd in (self.stdout, self.stderr):
+            _close(fd)
+
+
+@dataclass
 class Spare:
     proc: subprocess.Popen
     groups: dict[str, Path]
+    outputs: Outputs  # its stdout and stderr, which the action inherits
+    script: int  # the launch script it sources (its descriptor of the same number)
+    options: int  # bwrap's options, read by bwrap on the descriptor of the same number
 
-    def launch(self, script: Path) -> bool:
-        """Hand the spare its launch script; False if it is gone (then it is reaped)."""
+    def launch(self, bwrap: str, options: bytes, argv: list[str]) -> bool:
+        """Hand the spare its action: bwrap's options (NUL-separated, as --args reads them) and
+        the argv after them; False if it is gone (then it is reaped)."""
         try:
-            self.proc.stdin.write(str(script).encode() + b"\n")
+            _fill(self.options, options)
+            _fill(self.script, launch_script(bwrap, self.options, argv).encode())
+            self.proc.stdin.write(b"\n")
             self.proc.stdin.close()
             return True
         except (OSError, ValueError):  # a broken pipe: it ended before its action came
             self.proc.wait()
             return False
+        finally:
+            self.close_inputs()
+
+    def close_inputs(self) -> None:
+        """bgraph's descriptors of the script and options (the spare has its own)."""
+        for fd in (self.script, self.options):
+            _close(fd)
+        self.script = self.options = -1
 
 
-def launch_script(bwrap: str, options_file: Path, argv: list[str], stdout: Path, stderr: Path) -> str:
-    """The script a spare sources: its descriptors for the action, then exec bwrap (whose options,
-    the environment's included, come from `options_file`, read on descriptor 3)."""
+def launch_script(bwrap: str, options_fd: int, argv: list[str]) -> str:
+    """The script a spare sources: stdin for the action, then exec bwrap (whose options, the
+    environment's included, come from descriptor `options_fd`; stdout and stderr are the spare's)."""
     q = shlex.quote
-    return (f"exec 3<{q(str(options_file))} </dev/null >{q(str(stdout))} 2>{q(str(stderr))}\n"
-            f"exec {q(bwrap)} --args 3 -- {' '.join(map(q, argv))}\n")
+    return f"exec {q(bwrap)} --args {options_fd} -- {' '.join(map(q, argv))} </dev/null\n"
+
+
+def memfd(name: str) -> int:
+    """A new memory file (no file system: nothing is made or removed on disk), closed on exec
+    unless passed on."""
+    return os.memfd_create(f"bgraph-{name}", os.MFD_CLOEXEC)
+
+
+def _fill(fd: int, data: bytes) -> None:
+    """`data` as the whole of memory file `fd`, read from its start by whoever shares it."""
+    view, offset = memoryview(data), 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
+
+
+def read_memfd(fd: int) -> bytes:
+    """Everything written to memory file `fd` (by the processes that share it)."""
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def environment_options(env: dict[str, str]) -> list[str] | None:
@@ -131,6 +208,8 @@ class Spares:
         except OSError:
             pass
         spare.proc.wait()
+        spare.close_inputs()
+        spare.outputs.close()
         self.accounting.remove(spare.groups)
 
     def _wants_more(self) -> bool:
@@ -142,14 +221,21 @@ class Spares:
         except OSError:
             return None  # no group can be made now: actions start the direct way
         procs = sorted({str(g / "cgroup.procs") for g in groups.values()})
+        fds = []
         try:
-            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs], stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={},
-                                    start_new_session=True)
+            outputs = Outputs.new()
+            fds += [outputs.stdout, outputs.stderr]
+            script, options = memfd("launch"), memfd("options")
+            fds += [script, options]
+            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", str(script), *procs],
+                                    stdin=subprocess.PIPE, stdout=outputs.stdout, stderr=outputs.stderr,
+                                    pass_fds=(script, options), env={}, start_new_session=True)
         except OSError:
+            for fd in fds:
+                _close(fd)
             self.accounting.remove(groups)
             return None
-        return Spare(proc, groups)
+        return Spare(proc, groups, outputs, script, options)
 
 
 class _Starter:

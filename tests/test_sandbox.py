@@ -518,3 +518,90 @@ def test_actions_started_through_spares_hold_no_capability_either(tmp_path):
     finally:
         runner.close()
         cas.close()
+
+
+def _next_spare_ready(runner, timeout: float = 10) -> None:
+    """Let the starter thread have the next spare ready, as a build's planning does."""
+    deadline = time.monotonic() + timeout
+    while runner.spares is not None and runner.spares._open and not runner.spares._ready \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@requires_bwrap
+def test_a_failing_action_reports_its_stdout_and_stderr_however_it_started(tmp_path):
+    """stdout and stderr are memory files now (no file per action): a failing action's error
+    still carries both, whether it started directly or through a spare; a successful one's are
+    stored."""
+    from build_graph.errors import ActionFailed
+    from build_graph.model import Action, Digester
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    try:
+        for i in range(4):  # the first `jobs` start directly, the later ones through spares where cgroups allow
+            fail = Action(name=f"fail{i}", mnemonic="Genrule", env=(("N", str(i)),),
+                          argv=("/usr/bin/sh", "-c", f"echo out-{i}; echo err-{i} >&2; exit 3"),
+                          inputs=(), outputs=("x",), host_paths=("/usr",))
+            with pytest.raises(ActionFailed) as e:
+                runner.run(fail)
+            assert "exited with status 3" in str(e.value) and f"out-{i}" in str(e.value) and f"err-{i}" in str(e.value)
+            _next_spare_ready(runner)
+            ok = Action(name=f"ok{i}", mnemonic="Genrule", env=(("N", str(i)),),
+                        argv=("/usr/bin/sh", "-c", f"echo so-{i}; echo se-{i} >&2; echo {i} > /bgraph/out/x"),
+                        inputs=(), outputs=("x",), host_paths=("/usr",))
+            tree, result = runner.run(ok)
+            assert cas.read_bytes(tree.entries["x"]) == f"{i}\n".encode()
+            assert cas.blob_path(result.stdout).read_bytes() == f"so-{i}\n".encode()
+            assert cas.blob_path(result.stderr).read_bytes() == f"se-{i}\n".encode()
+            _next_spare_ready(runner)
+        if runner.spares is not None:
+            assert runner.spares.taken >= 2
+        # No file of the action's own (options, launch script, stdout, stderr) is left or made
+        # beside its output directory: the staging holds at most the one idle output directory.
+        assert [p.name for p in cas.tmp.iterdir() if p.name.startswith("act-")] == ["act-0"]
+    finally:
+        runner.close()
+        cas.close()
+
+
+@requires_bwrap
+def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_left(tmp_path):
+    """An action's output directory serves the next action once emptied, unless the action
+    changed the directory itself (its mode, an extended attribute): then a new one is made. No
+    action sees anything an earlier one left in or on /bgraph/out."""
+    from build_graph.model import Action, Digester
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    look = ("ls -A /bgraph/out > /tmp/l; stat -c '%a %s %h' /bgraph/out >> /tmp/l; "
+            "python3 -c \"import os; print(os.listxattr('/bgraph/out'))\" >> /tmp/l; mv /tmp/l /bgraph/out/l")
+
+    def run(name: str, cmd: str) -> str:
+        action = Action(name=name, mnemonic="Genrule", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/sh", "-c", cmd),
+                        inputs=(), outputs=("l",), host_paths=("/usr",))
+        tree, _result = runner.run(action)
+        return cas.read_bytes(tree.entries["l"]).decode()
+
+    try:
+        fresh = run("first", look)
+        assert fresh.splitlines()[0] != "l" and fresh.splitlines()[-1] == "[]", fresh
+        # Leaves an undeclared file, a directory and a dangling link: emptied, and reused.
+        run("litter", "mkdir -p d/e; echo x > d/e/f; echo y > stray; ln -s /nowhere link; chmod 500 d; echo > l")
+        assert run("after-litter", look) == fresh
+        reused = {p.name for p in cas.tmp.iterdir() if p.name.startswith("act-")}
+        # Changes the directory itself: never reused.
+        run("chmod", "echo > l; chmod 700 /bgraph/out")
+        assert run("after-chmod", look) == fresh
+        run("xattr", "echo > l; python3 -c \"import os; os.setxattr('/bgraph/out', 'user.left', b'1')\"")
+        assert run("after-xattr", look) == fresh
+        now = {p.name for p in cas.tmp.iterdir() if p.name.startswith("act-")}
+        assert len(now) == 1 and now != reused  # the changed ones were removed, a new one made
+    finally:
+        runner.close()
+        cas.close()
+    assert not any(p.name.startswith("act-") for p in cas.tmp.iterdir()) if cas.tmp.exists() else True

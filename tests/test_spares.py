@@ -65,27 +65,37 @@ def test_a_spare_joins_its_groups_before_it_is_handed_an_action_and_close_ends_i
 
 def test_the_launch_script_gives_the_action_exactly_its_argv_and_environment(tmp_path):
     """Arguments with quotes, spaces, newlines and `$`, and an environment set only by bwrap's
-    options: nothing of the spare's shell leaks into the action."""
+    options: nothing of the spare's shell leaks into the action. The script, the options and the
+    output are memory files: nothing is written on disk."""
     import subprocess
 
     from build_graph.sandbox import find_bwrap
+    from build_graph.spares import Outputs, memfd, read_memfd
 
     argv = ["/usr/bin/env", "-0"]
     env = {"A": "it's \"quoted\" $HOME `x`\nsecond line", "PATH": "/usr/bin"}
     options = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                "--symlink", "usr/bin", "/bin", "--chdir", "/", *environment_options(env)]
-    args = tmp_path / "args"
-    args.write_bytes(b"".join(a.encode() + b"\0" for a in options))
-    script = tmp_path / "launch.sh"
-    script.write_text(launch_script(find_bwrap(), args, argv, tmp_path / "out", tmp_path / "err"))
-    run = subprocess.run(["/bin/sh", "-c", '. "$1"', "sh", str(script)], env={"LEAK": "1"})
-    assert run.returncode == 0, (tmp_path / "err").read_text()
-    got = dict(v.split("=", 1) for v in (tmp_path / "out").read_text().split("\0") if v)
+
+    def run(argv):
+        args, script, outputs = memfd("options"), memfd("launch"), Outputs.new()
+        try:
+            os.write(args, b"".join(a.encode() + b"\0" for a in options))
+            os.lseek(args, 0, os.SEEK_SET)
+            os.write(script, launch_script(find_bwrap(), args, argv).encode())
+            run = subprocess.run(["/bin/sh", "-c", '. "/proc/self/fd/$1"', "sh", str(script)], env={"LEAK": "1"},
+                                 stdout=outputs.stdout, stderr=outputs.stderr, pass_fds=(args, script))
+            out, err = outputs.read()
+            assert run.returncode == 0, err
+            return out.decode()
+        finally:
+            os.close(args), os.close(script), outputs.close()
+
+    got = dict(v.split("=", 1) for v in run(argv).split("\0") if v)
     assert got == {**env, "PWD": "/"}
     weird = ["/usr/bin/printf", "%s|", "a b", "it's", "$HOME", "new\nline", ""]
-    script.write_text(launch_script(find_bwrap(), args, weird, tmp_path / "out", tmp_path / "err"))
-    assert subprocess.run(["/bin/sh", "-c", '. "$1"', "sh", str(script)]).returncode == 0
-    assert (tmp_path / "out").read_text() == "a b|it's|$HOME|new\nline||"
+    assert run(weird) == "a b|it's|$HOME|new\nline||"
+    assert read_memfd(memfd("empty")) == b""
 
 
 def test_environment_options_refuse_what_bwrap_cannot_take():
