@@ -261,7 +261,7 @@ def pyspy_parts(raw: Path, rate: int, waitpid_leaf: str) -> dict:
         text = ";".join(body)
         if not body or not body[0].startswith("Thread._bootstrap"):
             cls = "planning thread (main)"
-        elif "Scheduler._work (" in text:
+        elif "Scheduler._work (" in text or "Scheduler._filer (" in text:  # action threads and filers
             cls = "action threads"
         elif "_Starter._run (" in text:
             cls = "spares thread"
@@ -377,7 +377,8 @@ def cprofile_child(out_prefix: str, argv: list[str]) -> int:
     groups: dict[str, list] = defaultdict(list)
     with lock:
         for name, p in profs:
-            groups["actions" if "_work" in name else "other"].append(p)
+            # a thread per action ("Thread-N (_work)") and, since issue 34's Deliver 2, the filers
+            groups["actions" if "_work" in name or name.startswith("bgraph-filer") else "other"].append(p)
     for g, ps in groups.items():
         merged = None
         for p in ps:

@@ -20,7 +20,7 @@ from build_graph.model import Action, ActionResult, Outcome, Tree
 from build_graph.planner import SourceFiles, TargetPlan, plan_target
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss
-from build_graph.scheduler import Scheduler
+from build_graph.scheduler import Later, Scheduler
 from build_graph.store.memo import Entry, definition_of, encode_node
 from build_graph.store.trace import trace_bytes
 
@@ -141,6 +141,7 @@ class BuildRun:
             self.scheduler.join()
             raise
         finally:
+            self.scheduler.close()  # its filers end once nothing is left for them
             if self.e._sandbox is not None:
                 self.e._sandbox.close()
             self.e.reporter.finish()
@@ -296,16 +297,20 @@ class BuildRun:
             del self.targets[label]
             e.reporter.target_done(label)
 
-    def _run(self, label: Configured, action: Action, reason: str, submitted: float) -> tuple[Tree, ActionResult, str]:
-        """On an action thread: execute and file `action`, timed under --profile."""
+    def _run(self, label: Configured, action: Action, reason: str, submitted: float):
+        """On an action thread: execute and file `action` (filed off its slot, as a Later, when
+        it ran in the sandbox), timed under --profile."""
         if self.profile is None:
             return self.e._run_and_record(action)
         start, stamps = time.monotonic(), {}
         out = self.e._run_and_record(action, stamps)
-        self.profile.action(f"{label} {action.name}", start, stamps, time.monotonic(), mnemonic=action.mnemonic,
-                            reason=reason, queued_s=round(start - submitted, 3), peak_mb=out[1].peak_mb,
-                            cpu_s=out[1].cpu_s)
-        return out
+
+        def timed(out: tuple[Tree, ActionResult, str]) -> tuple[Tree, ActionResult, str]:
+            self.profile.action(f"{label} {action.name}", start, stamps, time.monotonic(),
+                                mnemonic=action.mnemonic, reason=reason, queued_s=round(start - submitted, 3),
+                                peak_mb=out[1].peak_mb, cpu_s=out[1].cpu_s)
+            return out
+        return Later(lambda: timed(out.fn())) if isinstance(out, Later) else timed(out)
 
     def _finished(self, fut: Future) -> None:
         """Take one finished (or failed, or cancelled) action back into its target's plan."""

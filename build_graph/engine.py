@@ -20,6 +20,7 @@ from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Tree
 from build_graph.profile import Profile
 from build_graph.rebuilder import Rebuilder
+from build_graph.scheduler import Later
 from build_graph.store import atomic
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
@@ -189,9 +190,20 @@ class Engine:
             return archive.extract(self.cas, action)
         return self.sandbox.run(action, stamps)
 
-    def _run_and_record(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult, str]:
-        """Execute, file the result; returns it with the key it was filed under."""
-        tree, result = self.execute(action, stamps)
+    def _run_and_record(self, action: Action, stamps: dict[str, float] | None = None):
+        """Execute, file the result; returns it with the key it was filed under. A sandboxed
+        action returns that as a scheduler.Later once its process has ended well: its outputs
+        are taken into the store and its result filed off its slot, in the same order as ever
+        (blobs, tree node, then the `ac/` entry and the state row), and the result is the job's
+        only when all of that is done, so nothing plans on outputs not yet stored and verified."""
+        if action.kind in ("fetch", "extract"):
+            tree, result = self.execute(action, stamps)
+            return self._file(action, tree, result, stamps)
+        store = self.sandbox.run_process(action, stamps)
+        return Later(lambda: self._file(action, *store(), stamps))
+
+    def _file(self, action: Action, tree: Tree, result: ActionResult, stamps: dict[str, float] | None
+              ) -> tuple[Tree, ActionResult, str]:
         if stamps is not None:
             stamps["executed"] = time.monotonic()
         return tree, result, self.rebuilder.record(action, tree, result)

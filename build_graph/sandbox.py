@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
@@ -176,6 +177,16 @@ class BwrapRunner:
     def run(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
         """Run `action` in a fresh sandbox; its outputs go into the store. `stamps`, when given,
         receives when the process started and ended (for --profile)."""
+        return self.run_process(action, stamps)()
+
+    def run_process(self, action: Action, stamps: dict[str, float] | None = None
+                    ) -> Callable[[], tuple[Tree, ActionResult]]:
+        """Run `action`'s process in a fresh sandbox and check how it ended (its status, its
+        declared outputs present and below no symlink): a failure is raised here, with its
+        stdout and stderr. Returns `store`, to be called once, on any thread: it takes the
+        outputs into the store (hashed, moved in, the tree's node written) and returns the tree
+        and result. Between the two, nothing of the action runs: the scheduler gives its slot to
+        the next action while this one's outputs are stored (issue 34, item 1)."""
         if self.stopping:
             raise ActionFailed("interrupted", where=action.name)
         whole = action.outputs == (".",)  # the action's whole output directory
@@ -236,21 +247,35 @@ class BwrapRunner:
             if missing:
                 raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
                                    where=action.name)
-            tree = self.cas.ingest_dir(out_dir, None if whole else list(action.outputs), move=True)
-            result = ActionResult(
-                output_tree=self.cas.put_tree(tree), exit_code=0,
-                stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
-                duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb or 0,
-                cpu_s=round(cpu_s or 0.0, 3))
-            return tree, result
-        finally:
-            if outputs is not None:
-                outputs.close()
-            if self.spares is not None:
-                self.spares.retire(groups)
-            else:
-                self.accounting.remove(groups)
+        except BaseException:
+            self._end(outputs, groups)
             self._done_with(out_dir, reuse=not self.stopping)
+            raise
+        self._end(outputs, groups)
+
+        def store() -> tuple[Tree, ActionResult]:
+            try:
+                if self.stopping:  # Ctrl-C: nothing of it reaches the store
+                    raise ActionFailed("interrupted", where=action.name)
+                tree = self.cas.ingest_dir(out_dir, None if whole else list(action.outputs), move=True)
+                result = ActionResult(
+                    output_tree=self.cas.put_tree(tree), exit_code=0,
+                    stdout=self.cas.put_bytes(stdout).digest, stderr=self.cas.put_bytes(stderr).digest,
+                    duration_s=round(duration, 3), output_entries=len(tree), peak_mb=peak_mb or 0,
+                    cpu_s=round(cpu_s or 0.0, 3))
+                return tree, result
+            finally:
+                self._done_with(out_dir, reuse=not self.stopping)
+        return store
+
+    def _end(self, outputs: Outputs | None, groups: dict[str, Path]) -> None:
+        """The process has ended and its figures are read: its memory files and cgroups go."""
+        if outputs is not None:
+            outputs.close()
+        if self.spares is not None:
+            self.spares.retire(groups)
+        else:
+            self.accounting.remove(groups)
 
     def _out_dir(self) -> Path:
         """An empty output directory for the next action: one an earlier action of this runner

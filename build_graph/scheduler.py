@@ -1,4 +1,15 @@
-"""Runs jobs in parallel within a job count and a memory budget. Knows nothing of caching."""
+"""Runs jobs in parallel within a job count and a memory budget. Knows nothing of caching.
+
+A job may end its use of the slot before its work is done: it returns Later(fn), and `fn` (its
+second part: a sandboxed action's outputs taken into the store and its result filed) runs on a
+filer thread while the slot goes to the next job. The job's future is done only when `fn` is:
+whoever waits on it (the build's dependents) sees the whole result or its failure, never less.
+
+Each job runs on a thread of its own, started when it gets its slot (bwrap's --die-with-parent
+kills a sandbox when the thread that started it exits: the job's thread outlives its process).
+Long-lived workers instead were tried (issue 34, item 3) and were not faster: 1.05-1.12x the
+wall time of a thread per job in three runs of 150 cold genrules on a loaded 2-core machine
+(BENCHMARKS.md). The filers, which start no process, live until join()."""
 
 from __future__ import annotations
 
@@ -6,6 +17,16 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
+
+
+class Later:
+    """What a job returns to give its slot back before its work is done: `fn` runs off the slot
+    (on a filer thread), and its value or exception is the job's."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
 
 
 class Scheduler:
@@ -24,50 +45,97 @@ class Scheduler:
         self.peak_running = 0
         self.peak_mem_mb = 0
         self.cancelled = False
+        # Second parts of jobs (Later), each run on one of at most `jobs` filer threads; they
+        # end once closed and nothing is left (or can come) for them.
+        self._filing: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._filers: list[threading.Thread] = []
+        self._filers_busy = 0
+        self._file_wake = threading.Condition(self._lock)
+        self._closed = False
 
     def submit(self, fn: Callable[[], Any], memory_mb: int) -> Future:
         fut: Future = Future()
         with self._lock:
             self._pending.append((fn, memory_mb, fut))
-        self._launch()
+            self._launch()
         return fut
 
     def _fits(self, mem: int) -> bool:
         return self._running < self.jobs and (self._running == 0 or self._mem + mem <= self.max_mem_mb)
 
     def _launch(self) -> None:
-        with self._lock:
-            while self._pending and not self.cancelled:
-                # First job that fits: a big job waits while small ones keep the cores busy.
-                for i, (fn, mem, fut) in enumerate(self._pending):
-                    if self._fits(mem):
-                        del self._pending[i]
-                        break
-                else:
-                    return
-                self._running += 1
-                self._mem += mem
-                self.peak_running = max(self.peak_running, self._running)
-                self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
-                t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
-                self._threads.append(t)
-                t.start()
+        """Start every pending job that fits (called with the lock held). First job that fits: a
+        big job waits while small ones keep the cores busy."""
+        while self._pending and not self.cancelled:
+            for i, (fn, mem, fut) in enumerate(self._pending):
+                if self._fits(mem):
+                    del self._pending[i]
+                    break
+            else:
+                return
+            self._running += 1
+            self._mem += mem
+            self.peak_running = max(self.peak_running, self._running)
+            self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
+            t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
+            self._threads.append(t)
+            t.start()
 
     def _work(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
+        later = None
         try:
             if fut.set_running_or_notify_cancel():
                 try:
-                    fut.set_result(fn())
+                    value = fn()
+                    if isinstance(value, Later):
+                        later = value.fn
+                    else:
+                        fut.set_result(value)
                 except BaseException as e:  # reported through the future
-                    if self.stop_on_failure:
-                        with self._lock:
-                            self.cancelled = True  # before the finally below could launch the next job
-                    fut.set_exception(e)
+                    self._failed(fut, e)
         finally:
             with self._lock:
+                if later is not None:  # queued before the slot is freed: join() waits for it
+                    self._file(later, fut)
                 self._running -= 1
                 self._mem -= mem
-            self._launch()
+                self._launch()
+                if not self._running:
+                    self._file_wake.notify_all()  # once closed, idle filers may end
+
+    def _failed(self, fut: Future, e: BaseException) -> None:
+        if self.stop_on_failure:
+            with self._lock:
+                self.cancelled = True  # before the job's slot is freed for the next job
+        fut.set_exception(e)
+
+    def _file(self, fn: Callable[[], Any], fut: Future) -> None:
+        """Queue a second part for the filers (called with the lock held): a waiting filer takes
+        it, or one that is about to look for the next; up to `jobs` of them."""
+        self._filing.append((fn, fut))
+        if len(self._filers) < min(self.jobs, self._filers_busy + len(self._filing)):
+            t = threading.Thread(target=self._filer, name=f"bgraph-filer-{len(self._filers) + 1}", daemon=True)
+            self._filers.append(t)
+            t.start()
+        self._file_wake.notify()
+
+    def _filer(self) -> None:
+        while True:
+            with self._lock:
+                while not self._filing:
+                    if self._closed and not self._running:  # no job can queue more
+                        self._filers.remove(threading.current_thread())
+                        return
+                    self._file_wake.wait()
+                fn, fut = self._filing.popleft()
+                self._filers_busy += 1
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # reported through the future
+                self._failed(fut, e)
+            finally:
+                with self._lock:
+                    self._filers_busy -= 1
 
     def cancel_pending(self) -> None:
         """Drop queued jobs (first failure, or Ctrl-C); running ones finish or are killed by the runner."""
@@ -79,6 +147,20 @@ class Scheduler:
             if fut.cancel():
                 fut.set_running_or_notify_cancel()
 
+    def close(self) -> None:
+        """Let the filers end once nothing is left to file and no job runs (without waiting)."""
+        with self._lock:
+            self._closed = True
+            self._file_wake.notify_all()
+
     def join(self) -> None:
-        for t in list(self._threads):
-            t.join()
+        """Wait for the running jobs (and any they start) to finish and be filed, and for the
+        filers to end."""
+        self.close()
+        while True:
+            with self._lock:
+                threads = [t for t in self._threads if t.is_alive()] + list(self._filers)
+            if not threads:
+                return
+            for t in threads:
+                t.join()
