@@ -121,8 +121,9 @@ class MemoryAccounting(_Groups):
     """Makes one memory cgroup per action under `base` and reads its peak back.
 
     The kernel's peak (v1 memory.max_usage_in_bytes, v2 memory.peak) counts everything charged
-    to the group: anonymous memory, tmpfs (the sandbox's /tmp is memory), kernel memory (page
-    tables), and the page cache of files the action read first or wrote. Page cache is
+    to the group: anonymous memory, tmpfs (the sandbox's /tmp is memory) and the memory files
+    its stdout and stderr go to (sandbox.py), kernel memory (page tables), and the page cache of
+    files the action read first or wrote. Page cache is
     reclaimable and is not what the scheduler must budget, so the page cache the group still
     holds when the action has ended (its files other than tmpfs) is taken off: the result is
     the action's peak of non-reclaimable memory. A file the action wrote and deleted again

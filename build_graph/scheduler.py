@@ -8,7 +8,7 @@ whoever waits on it (the build's dependents) sees the whole result or its failur
 Each job runs on a thread of its own, started when it gets its slot (bwrap's --die-with-parent
 kills a sandbox when the thread that started it exits: the job's thread outlives its process).
 Long-lived workers instead were tried (issue 34, item 3) and were not faster: 1.05-1.12x the
-wall time of a thread per job in three runs of 150 cold genrules on a loaded 2-core machine
+wall time of a thread per job in three runs of 150-200 cold genrules on a loaded 2-core machine
 (BENCHMARKS.md). The filers, which start no process, live until join()."""
 
 from __future__ import annotations
