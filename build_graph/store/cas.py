@@ -534,15 +534,10 @@ class LocalCas:
         """A missing or evicted blob that is also a workspace source this build stored is stored
         again from the workspace, where the file still has those bytes (else False: the action
         that made it runs again, or the build says the blob is gone)."""
-        key = self._source_of.pop(entry.digest, None)
-        if key is None:
-            return False
-        self._sources.discard(key)
         try:
-            again = self.put_source(key)
+            return self._store_source_again(self._source_of, entry)
         except OSError:
             return False
-        return again.digest == entry.digest and self.verify(entry)
 
     def evict(self, digest: str) -> None:
         """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
@@ -562,7 +557,12 @@ class LocalCas:
 
     def _store_hashed(self, entry: FileEntry) -> bool:
         """Store a source hash_sources hashed without storing, if it still has that content."""
-        key = self._unstored.pop(entry.digest, None)
+        return self._store_source_again(self._unstored, entry)
+
+    def _store_source_again(self, paths: dict[str, str], entry: FileEntry) -> bool:
+        """Store the workspace file `paths` names for the entry's digest (its stamp forgotten, so
+        it is read), if it still has that content."""
+        key = paths.pop(entry.digest, None)
         if key is None:
             return False
         self._sources.discard(key)
