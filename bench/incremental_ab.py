@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -30,25 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale  # noqa: E402  (the generator and the edits)
-from target_edit_ab import snapshot  # noqa: E402
+from target_edit_ab import snapshot, timed_build as build  # noqa: E402
 
 RACY_S = 2.1  # past the racy-clean window of either commit
-
-
-def build(code: Path, root: Path) -> tuple[float, float]:
-    """(wall, CPU) seconds of `bgraph build //many:all-of-them` with the code at `code`."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(code)
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "build_graph", "--cache-dir", str(root / "cache"),
-                             "build", "-j2", "//many:all-of-them"], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = proc.stdout.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"build failed in {root}:\n{out.decode(errors='replace')[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
