@@ -17,40 +17,26 @@ Usage: python3 bench/incremental_ab.py [--base REV] [--new REV] [--sizes 1000,10
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale  # noqa: E402  (the generator and the edits)
-from target_edit_ab import snapshot, timed_build as build  # noqa: E402
+from target_edit_ab import ab_setup, timed_build as build  # noqa: E402
 
 RACY_S = 2.1  # past the racy-clean window of either commit
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--base", default="HEAD~1")
-    ap.add_argument("--new", default="HEAD")
-    ap.add_argument("--sizes", default="1000,10000")
-    ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--json-out")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="incremental-ab-", dir="/var/tmp"))
-    revs = {"base": args.base, "new": args.new}
-    code = {name: snapshot(rev, work / f"code-{name}") for name, rev in revs.items()}
-    commits = {name: subprocess.run(["git", "rev-parse", "--short", rev], check=True, capture_output=True,
-                                    text=True, cwd=scale.REPO).stdout.strip() for name, rev in revs.items()}
+    args, work, code, commits = ab_setup("incremental-ab-")
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
         roots = {}
-        for name in revs:
+        for name in code:
             roots[name] = work / f"ws-{n}-{name}"
             scale.generate(roots[name], n)
             scale.age(roots[name])
@@ -60,7 +46,7 @@ def main() -> None:
         steps = {"noop": lambda root, i: None,
                  "source_edit": lambda root, i: scale.edit(root, 10 + i),
                  "definition_edit": lambda root, i: scale.redefine_target(root, 20 + i)}
-        figures: dict[str, dict[str, list]] = {s: {name: [] for name in revs} for s in steps}
+        figures: dict[str, dict[str, list]] = {s: {name: [] for name in code} for s in steps}
         for rep in range(args.reps):
             for step, change in steps.items():
                 for name in (["base", "new"] if rep % 2 == 0 else ["new", "base"]):

@@ -59,7 +59,9 @@ def build(code: Path, root: Path) -> float:
     return timed_build(code, root)[0]
 
 
-def main() -> None:
+def ab_setup(prefix: str) -> tuple[argparse.Namespace, Path, dict[str, Path], dict[str, str]]:
+    """The A/B benches' shared start: their arguments, a work directory, each commit's code
+    snapshot and short hash."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="HEAD~1")
     ap.add_argument("--new", default="HEAD")
@@ -67,20 +69,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--json-out")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="target-edit-ab-", dir="/var/tmp"))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     revs = {"base": args.base, "new": args.new}
     code = {name: snapshot(rev, work / f"code-{name}") for name, rev in revs.items()}
     commits = {name: subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
                                     capture_output=True, text=True).stdout.strip() for name, rev in revs.items()}
+    return args, work, code, commits
+
+
+def main() -> None:
+    args, work, code, commits = ab_setup("target-edit-ab-")
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
         roots = {}
-        for name in revs:
+        for name in code:
             roots[name] = work / f"ws-{n}-{name}"
             scale.generate(roots[name], n)
             scale.age(roots[name])
             print(f"N={n} {name} ({commits[name]}) cold {build(code[name], roots[name]):.1f} s", flush=True)
-        times: dict[str, list[float]] = {name: [] for name in revs}
+        times: dict[str, list[float]] = {name: [] for name in code}
         for rep in range(args.reps):
             for name in (["base", "new"] if rep % 2 == 0 else ["new", "base"]):
                 scale.redefine_target(roots[name], 10 + rep)

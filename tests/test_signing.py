@@ -116,15 +116,24 @@ def result_in(cache: LayeredActionCache) -> ActionResult:
                         duration_s=0.25)
 
 
-def test_a_result_pulled_unsigned_is_dropped_once_keys_are_trusted(tmp_path, keypair):
-    _, public = keypair
-    remote, warnings = DictRemote(), []
+def pulled_unsigned(tmp_path, remote):
+    """A result uploaded unsigned by one cache and pulled by another while unsigned results are
+    allowed: (the result, the reader)."""
+    warnings: list[str] = []
     writer = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings, upload=True)
     result = result_in(writer)
     writer.put("k" * 64, result)
-    # A reader pulls it while unsigned results are allowed...
     reader = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings)
-    assert reader.get("k" * 64) == result and reader.stats.hits == 1
+    assert reader.get("k" * 64) == result
+    return result, reader
+
+
+def test_a_result_pulled_unsigned_is_dropped_once_keys_are_trusted(tmp_path, keypair):
+    _, public = keypair
+    remote = DictRemote()
+    # A reader pulls it while unsigned results are allowed...
+    result, reader = pulled_unsigned(tmp_path, remote)
+    assert reader.stats.hits == 1
     assert reader.local.get("k" * 64) == result
     # ...and a later build of that cache trusts a key: the pulled copy goes, the remote's is ignored.
     later_warnings: list[str] = []
@@ -145,12 +154,8 @@ def test_a_result_built_here_with_the_same_key_as_an_earlier_pull_is_not_dropped
     """A record of a pull is tied to the result it came with: a result built here since, under the
     plain local cache (no remote, so no record written), does not inherit it."""
     _, public = keypair
-    remote, warnings = DictRemote(), []
-    writer = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings, upload=True)
-    result = result_in(writer)
-    writer.put("k" * 64, result)
-    reader = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings)
-    assert reader.get("k" * 64) == result
+    remote = DictRemote()
+    result, reader = pulled_unsigned(tmp_path, remote)
     rebuilt = ActionResult(**{**result.to_json(), "duration_s": 9.0})
     reader.local.put("k" * 64, rebuilt)  # e.g. evicted, then rebuilt by a build without the remote
     later = LayeredActionCache(reader.local, reader.cas, remote, reader.digester, trust=Trust([public]))
