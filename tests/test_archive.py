@@ -512,6 +512,15 @@ strip_prefix = "pkg-1.0"
     return ws, hashlib.sha256(data).hexdigest()
 
 
+def built_archive_ws(make_ws, tmp_path):
+    """archive_ws with the right pin, built once: (the workspace, the sha256, its target file)."""
+    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
+    toml = ws.root / "targets" / "ext.toml"
+    toml.write_text(toml.read_text().replace("0" * 64, right))
+    assert ws.build("//ext:pkg").rc == 0
+    return ws, right, toml
+
+
 @requires_bwrap
 def test_http_archive_sha256_mismatch_stores_nothing(make_ws, tmp_path):
     ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
@@ -553,10 +562,7 @@ def test_http_archive_missing_file(make_ws, tmp_path):
 @requires_bwrap
 def test_http_archive_moved_url_is_served_from_the_cas(make_ws, tmp_path):
     """A fetch is fixed-output: same sha256 at a new (even unreachable) URL downloads nothing."""
-    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
-    toml = ws.root / "targets" / "ext.toml"
-    toml.write_text(toml.read_text().replace("0" * 64, right))
-    assert ws.build("//ext:pkg").rc == 0
+    ws, right, toml = built_archive_ws(make_ws, tmp_path)
     gone = tmp_path / "downloads" / "pkg-1.0.tar.gz"
     toml.write_text(toml.read_text().replace(f"file://{gone}", "file:///nonexistent/mirror/pkg-1.0.tar.gz"))
     gone.unlink()
@@ -567,10 +573,7 @@ def test_http_archive_moved_url_is_served_from_the_cas(make_ws, tmp_path):
 
 @requires_bwrap
 def test_a_refused_archive_is_one_error_line_and_keeps_the_previous_outputs(make_ws, tmp_path):
-    ws, right = archive_ws(make_ws, tmp_path, "0" * 64)
-    toml = ws.root / "targets" / "ext.toml"
-    toml.write_text(toml.read_text().replace("0" * 64, right))
-    assert ws.build("//ext:pkg").rc == 0
+    ws, right, toml = built_archive_ws(make_ws, tmp_path)
     entries_before = ws.ac_entries()
     hostile = make_tar(GOOD + [("pkg-1.0/x/", "dir", None, 0o755), ("pkg-1.0/x/l0", "sym", "..", 0o777),
                                ("pkg-1.0/x/u1", "sym", "l0/..", 0o777), ("pkg-1.0/x/u2", "sym", "u1/..", 0o777)])
