@@ -128,6 +128,29 @@ def coalesced_mounts(inputs: tuple[tuple[str, Tree], ...]) -> list[tuple[str, Tr
     return [(m, t) for m, t in inputs if not m.startswith("/bgraph/in/")] + [("/bgraph/in", merged)]
 
 
+OUT_MOUNT = "/bgraph/out"  # the action's writable output directory
+MERGED_USR_LINKS = ("bin", "lib", "lib64", "sbin")
+
+
+def sandbox_layout(action: Action) -> list[tuple]:
+    """The read-only part of an action's filesystem view, in the order it is mounted: ("host",
+    path) binds a host path at the same path, ("symlink", target, path) makes a link, ("tree",
+    mount, tree) shows an input tree at `mount`. Pure (bar reading the host's merged-/usr links
+    for a host /usr): the local runner turns it into bwrap options, and remote execution into
+    the REAPI input root, so both give an action the same view."""
+    ops: list[tuple] = [("host", host_path) for host_path in action.host_paths]
+    if "/usr" in action.host_paths:
+        # Debian's merged /usr: the usual top-level links.
+        for link in MERGED_USR_LINKS:
+            if os.path.islink(f"/{link}"):
+                ops.append(("symlink", os.readlink(f"/{link}"), f"/{link}"))
+    for mount, tree in coalesced_mounts(action.inputs):
+        ops.append(("tree", mount, tree))
+        if mount == "/usr":  # a pinned system root (deb_packages): the merged-/usr links, from no host path
+            ops += [("symlink", f"usr/{link}", f"/{link}") for link in MERGED_USR_LINKS]
+    return ops
+
+
 class BwrapRunner:
     """Runs exec actions under bubblewrap, storing declared outputs into the CAS."""
 
@@ -152,19 +175,14 @@ class BwrapRunner:
         args = [self.bwrap, "--unshare-all", *self.isolation, "--die-with-parent", "--new-session",
                 "--hostname", "bgraph", *READ_ONLY_PROC, "--dev", "/dev",
                 "--tmpfs", "/tmp", "--dir", "/bgraph"]
-        for host_path in action.host_paths:
-            args += ["--ro-bind", host_path, host_path]
-        if "/usr" in action.host_paths:
-            # Debian's merged /usr: the usual top-level links.
-            for link in ("bin", "lib", "lib64", "sbin"):
-                if os.path.islink(f"/{link}"):
-                    args += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-        for mount, tree in coalesced_mounts(action.inputs):
-            args += ["--ro-bind", str(self.cas.materialize(tree)), mount]
-            if mount == "/usr":  # a pinned system root (deb_packages): the merged-/usr links, from no host path
-                for link in ("bin", "lib", "lib64", "sbin"):
-                    args += ["--symlink", f"usr/{link}", f"/{link}"]
-        args += ["--bind", str(out_dir), "/bgraph/out", "--chdir", action.cwd]
+        for op in sandbox_layout(action):
+            if op[0] == "host":
+                args += ["--ro-bind", op[1], op[1]]
+            elif op[0] == "symlink":
+                args += ["--symlink", op[1], op[2]]
+            else:
+                args += ["--ro-bind", str(self.cas.materialize(op[2])), op[1]]
+        args += ["--bind", str(out_dir), OUT_MOUNT, "--chdir", action.cwd]
         return args + ["--", *action.argv]
 
     @staticmethod
