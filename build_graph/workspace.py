@@ -64,6 +64,14 @@ class RemoteSection(Strict):
     signing_key: str | None = Field(None, description="file with the ed25519 private key that signs uploads "
                                                       "(user config only: never commit it)")
     timeout_s: float = Field(10.0, gt=0, description="seconds per request")
+    executor: str | None = Field(None, description="grpc://host:port[/instance]: run actions on this REAPI "
+                                                   "remote execution service (BuildGrid), or --remote-executor")
+    jobs: int | None = Field(None, ge=1, description="remote Executes in flight at once (or --remote-jobs; "
+                                                     "default 16), apart from --jobs' local ones")
+    local_fallback: bool = Field(False, description="run an action locally when the remote executor fails it "
+                                                    "for a reason of its own (or --remote-local-fallback)")
+    queue_timeout_s: float = Field(120.0, gt=0, description="fail an action queued this long while no action of "
+                                                           "its platform started (no worker matches it)")
 
 
 class DebianSection(Strict):

@@ -99,6 +99,13 @@ class ReapiRemote:
             self.max_batch = cache.max_batch_total_size_bytes
         self._capabilities_checked = True
 
+    def server_capabilities(self):
+        """The server's ServerCapabilities message (remote execution picks its digest function)."""
+        pb = self.pb
+        return self._rpc(self._method("/build.bazel.remote.execution.v2.Capabilities/GetCapabilities",
+                                      pb.GetCapabilitiesRequest, pb.ServerCapabilities),
+                         pb.GetCapabilitiesRequest(instance_name=self.instance))
+
     # -- blobs -----------------------------------------------------------------------------
     def _digest(self, digest: str, size: int):
         return self.pb.Digest(hash=digest, size_bytes=size)
@@ -180,6 +187,73 @@ class ReapiRemote:
         response = self._guarded(lambda: write(requests(), timeout=self.timeout + len(data) / (20 << 20)))
         if response.committed_size not in (len(data), -1):
             raise RemoteUnavailable(f"ByteStream.Write committed {response.committed_size} of {len(data)} bytes")
+
+    def put_blobs(self, blobs: dict[str, bytes]) -> None:
+        """Upload several blobs: the small ones in BatchUpdateBlobs requests of up to the
+        server's batch size, each larger one by ByteStream (remote execution's inputs)."""
+        pb = self.pb
+        batch: list = []
+        size = 0
+
+        def flush() -> None:
+            if not batch:
+                return
+            response = self._rpc(self._method(_CAS + "BatchUpdateBlobs", pb.BatchUpdateBlobsRequest,
+                                              pb.BatchUpdateBlobsResponse),
+                                 pb.BatchUpdateBlobsRequest(instance_name=self.instance,
+                                                            digest_function=self.function, requests=batch))
+            for r in response.responses:
+                if r.status.code != 0:
+                    raise RemoteUnavailable(f"BatchUpdateBlobs: status {r.status.code} {r.status.message}"[:200])
+            batch.clear()
+        for digest, data in blobs.items():
+            if len(data) + 1024 > self.max_batch:
+                self.put_blob(digest, data)
+                continue
+            if size + len(data) + 1024 > self.max_batch:
+                flush()
+                size = 0
+            batch.append(pb.BatchUpdateBlobsRequest.Request(digest=self._digest(digest, len(data)), data=data))
+            size += len(data) + 100
+        flush()
+
+    def get_blobs(self, sizes: dict[str, int]) -> dict[str, bytes]:
+        """Download several blobs (BatchReadBlobs up to the batch size, ByteStream above it);
+        a blob the server lacks is left out of the answer. Each is at most its digest's size."""
+        pb = self.pb
+        out: dict[str, bytes] = {}
+        batch: list = []
+        total = 0
+
+        def flush() -> None:
+            if not batch:
+                return
+            response = self._rpc(self._method(_CAS + "BatchReadBlobs", pb.BatchReadBlobsRequest,
+                                              pb.BatchReadBlobsResponse),
+                                 pb.BatchReadBlobsRequest(instance_name=self.instance, digest_function=self.function,
+                                                          digests=batch))
+            for r in response.responses:
+                if r.status.code == 5:  # NOT_FOUND
+                    continue
+                if r.status.code != 0:
+                    raise RemoteUnavailable(f"BatchReadBlobs: status {r.status.code} {r.status.message}"[:200])
+                if len(r.data) > sizes.get(r.digest.hash, -1):
+                    raise BodyTooLarge(f"blob {r.digest.hash[:12]}… is {len(r.data)} bytes, over its size")
+                out[r.digest.hash] = r.data
+            batch.clear()
+        for digest, size in sizes.items():
+            if size + 1024 > self.max_batch:
+                data = self._bytestream_read(digest, size)
+                if data is not None:
+                    out[digest] = data
+                continue
+            if total + size + 1024 > self.max_batch:
+                flush()
+                total = 0
+            batch.append(self._digest(digest, size))
+            total += size + 100
+        flush()
+        return out
 
     # -- entries ---------------------------------------------------------------------------
     def get_entry(self, key: str) -> bytes | None:
