@@ -1,2 +1,2 @@
-"""Remote execution (issue 36): the client that sends actions to a REAPI Execution service
-(client.py, input_root.py) and the worker that runs them (worker.py)."""
+"""Remote execution over REAPI: the client side (`bgraph build --remote-executor`) and the
+worker (`bgraph worker`) that runs leases from a Remote Workers API server (BuildGrid)."""
