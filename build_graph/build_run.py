@@ -101,7 +101,7 @@ class BuildRun:
         # one pin, TUs sharing one dryrun) is not run twice: its slot waits on the running one.
         self.running_keys: dict[str, Future] = {}
         self.followers: dict[Future, tuple[str, list[tuple[Configured, Any, Action]]]] = {}  # its key, who waits
-        self.scheduler = Scheduler(engine.options.jobs, engine.options.max_mem_mb,
+        self.scheduler = Scheduler(engine.options.jobs + engine.options.remote_jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
         self.profile = Profile(engine.options.jobs) if engine.options.profile else None
@@ -272,7 +272,7 @@ class BuildRun:
                 state.running += 1
                 continue
             e.reporter.action_started(label, action)
-            budget = e.peaks.budget(f"{label} {action.name}", action.memory_mb)
+            budget = 0 if e.runs_remotely(action) else e.peaks.budget(f"{label} {action.name}", action.memory_mb)
             fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
             self.inflight[fut] = (label, slot, action, reason, cached)
             if same is not None:

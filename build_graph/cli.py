@@ -76,6 +76,9 @@ def cmd_build(args, console: Console) -> int:
         overrides["trusted_keys"] = args.remote_trusted_key
     if args.remote_allow_unsigned:
         overrides["allow_unsigned"] = True
+    overrides.update({k: v for k, v in (("executor", args.remote_executor), ("jobs", args.remote_jobs)) if v})
+    if args.remote_local_fallback:
+        overrides["local_fallback"] = True
     remote = remote_settings(ws, overrides)
     options = BuildOptions(
         remote=remote if remote.url else None,
@@ -83,7 +86,8 @@ def cmd_build(args, console: Console) -> int:
         max_mem_mb=args.max_mem or ws.model.defaults.max_mem_mb or default_max_mem_mb(),
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
         check_sample=args.check_sample, dry_run=args.dry_run, platform=args.platform, exec_platform=exec_platform,
-        profile=bool(args.profile))
+        profile=bool(args.profile), remote_executor=remote if remote.executor else None,
+        remote_jobs=(remote.jobs or 16) if remote.executor else 0)
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
     if previous is not None:  # only file contents changed: unchanged targets are taken as they were
@@ -561,6 +565,12 @@ def parser() -> argparse.ArgumentParser:
                    help="accept only remote results signed by this ed25519 public key (repeatable)")
     b.add_argument("--remote-allow-unsigned", action="store_true",
                    help="use a remote cache that has no trusted keys: its results are taken whoever wrote them")
+    b.add_argument("--remote-executor", metavar="URL",
+                   help="run actions on this REAPI remote execution service: grpc://HOST:PORT[/instance] (BuildGrid)")
+    b.add_argument("--remote-jobs", type=int, metavar="N",
+                   help="remote actions in flight at once (default 16), beside --jobs local ones")
+    b.add_argument("--remote-local-fallback", action="store_true",
+                   help="run an action locally when the remote executor fails it for a reason of its own")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("--profile", metavar="FILE",
                    help="write the build's timeline to FILE (Chrome trace format: open it in Perfetto or chrome://tracing)")

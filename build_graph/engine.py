@@ -59,6 +59,8 @@ class BuildOptions:
     exec_platform: str = field(default_factory=host_platform)  # where actions run (another: plan only)
     profile: bool = False  # collect the build's timeline (--profile)
     reuse: Any = None  # a store.memo.Reuse: targets the last build of this request left as they are
+    remote_executor: Any = None  # a workspace.RemoteSection with an executor: where exec actions run (remote_exec/)
+    remote_jobs: int = 0  # remote Executes in flight, beside `jobs` local actions (the scheduler has both)
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Engine:
         self.ws = ws = self.variant.workspace(ws)
         self.options = options or BuildOptions()
         self.reporter = reporter or NullReporter()
+        self.warn = warn or (lambda message: None)
         self.digester = Digester(ws.digest_function)
         self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
@@ -164,8 +167,21 @@ class Engine:
         with self._seams:  # one runner: stop() kills what it started, and a second would probe again
             if self._sandbox is None:
                 from build_graph.sandbox import BwrapRunner
-                self._sandbox = BwrapRunner(self.cas, self.options.jobs)
+                remote = self.options.remote_executor
+                if remote is None:
+                    self._sandbox = BwrapRunner(self.cas, self.options.jobs)
+                else:  # same surface; local runs (fallbacks, host paths) on a BwrapRunner it makes
+                    from build_graph.remote_exec.client import RemoteRunner
+                    self._sandbox = RemoteRunner(
+                        self.cas, remote.executor, lambda: BwrapRunner(self.cas, self.options.jobs),
+                        jobs=self.options.remote_jobs, local_jobs=self.options.jobs,
+                        local_fallback=remote.local_fallback, queue_timeout_s=remote.queue_timeout_s,
+                        skip_cache_lookup=self.options.check, warn=self.warn)
             return self._sandbox
+
+    def runs_remotely(self, action: Action) -> bool:
+        """Whether `action` is sent to the remote executor (its memory is not this machine's)."""
+        return self.options.remote_executor is not None and action.kind == "exec"
 
     def probe_host(self, tools: tuple[str, ...]) -> tuple[HostTool, ...]:
         if tools not in self._host_cache:
