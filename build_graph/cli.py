@@ -444,6 +444,30 @@ def cmd_deb(args, console: Console) -> int:
     return 0
 
 
+def cmd_py(args, console: Console) -> int:
+    """`bgraph py lock [LABEL...]`: resolve python_lock targets with uv, write their locks, print the changes."""
+    import time
+
+    from build_graph.python_lock.locking import lock, lock_targets
+
+    ws = _workspace(args)
+    labels = expand(args.targets, ws.targets) if args.targets else []
+    if not lock_targets(ws, labels):
+        console.print("no python_lock targets in this workspace", highlight=False)
+        return 0
+    start = time.monotonic()
+    results = lock(ws, labels, progress=lambda m: console.print(f"[dim]{_escape(m)}[/]", highlight=False))
+    out = _stdout()
+    for r in results:
+        sizes = ", ".join(f"{p} {n} wheels ({size / 2**20:.1f} MiB)" for p, (n, size) in sorted(r.totals.items()))
+        out.print(f"{r.lock} ({', '.join(r.labels)}) {'written' if r.written else 'unchanged'}: {sizes}",
+                  highlight=False)
+        for line in r.changes + r.notes:
+            out.print(f"  {_escape(line)}", highlight=False)
+    console.print(f"locked {len(results)} file(s) in {time.monotonic() - start:.1f}s", highlight=False)
+    return 0
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
@@ -639,6 +663,11 @@ def parser() -> argparse.ArgumentParser:
     dl = dsub.add_parser("lock", help="resolve each target's packages for every platform; write its lock file")
     dl.add_argument("targets", nargs="*", help="labels or patterns (default: every deb_packages target)")
     d.set_defaults(fn=cmd_deb)
+    py = sub.add_parser("py", help="Python runtime closures (python_lock): lock them with uv")
+    pysub = py.add_subparsers(dest="action", required=True)
+    pl = pysub.add_parser("lock", help="resolve each lock's requirements for every platform; write the lock file")
+    pl.add_argument("targets", nargs="*", help="labels or patterns (default: every python_lock target)")
+    py.set_defaults(fn=cmd_py)
     return p
 
 

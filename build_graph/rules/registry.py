@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from build_graph.rules import (archives, cc_shared_library, cmake_project, cuda_library, cuda_toolchain,
                                deb_packages, genrule, host_tools, ninja_generator, oci_image, patched_tree,
-                               py_wheel, python_env)
+                               py_wheel, python_env, python_lock)
 
 
 def _none(attrs) -> list:
@@ -62,6 +62,8 @@ RULES: dict[str, Rule] = {
                             ninja_generator.ninja_generator_sources,
                             transition=ninja_generator.ninja_generator_transition),
     "python_env": Rule("python_env", python_env.PythonEnvAttrs, python_env.plan_python_env),
+    "python_lock": Rule("python_lock", python_lock.PythonLockAttrs, python_lock.plan_python_lock,
+                        sources=python_lock.python_lock_sources),
     "py_wheel": Rule("py_wheel", py_wheel.PyWheelAttrs, py_wheel.plan_py_wheel, py_wheel.py_wheel_deps,
                      py_wheel.py_wheel_sources, transition=py_wheel.py_wheel_transition),
     "deb_packages": Rule("deb_packages", deb_packages.DebPackagesAttrs, deb_packages.plan_deb_packages,
