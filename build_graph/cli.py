@@ -387,6 +387,14 @@ def cmd_exec(args, console: Console) -> int:
         rmtree(work)
 
 
+def cmd_worker(args, console: Console) -> int:
+    """Serve remote execution leases from a Remote Workers API server (BuildGrid's Bots service)."""
+    from build_graph.remote_exec.worker import main as worker_main
+
+    return worker_main(args.server, args.slots, args.work_dir, args.cache, args.digest_function, args.heartbeat,
+                       args.name)
+
+
 def cmd_load(args, console: Console) -> int:
     """`bgraph load LABEL`: build the oci_image LABEL (or find it in the cache), then load it into
     the Docker daemon at DOCKER_HOST, sending only the layers it lacks (oci/load.py)."""
@@ -668,6 +676,19 @@ def parser() -> argparse.ArgumentParser:
     pl = pysub.add_parser("lock", help="resolve each lock's requirements for every platform; write the lock file")
     pl.add_argument("targets", nargs="*", help="labels or patterns (default: every python_lock target)")
     py.set_defaults(fn=cmd_py)
+    wk = sub.add_parser("worker", help="run remote execution leases from a REAPI server's Bots service "
+                                       "(BuildGrid) in bgraph's sandbox, one per slot")
+    wk.add_argument("--server", required=True, metavar="grpc://HOST:PORT[/INSTANCE]")
+    wk.add_argument("--slots", type=int, default=1, help="actions run at once (one bot each; default 1)")
+    wk.add_argument("--work-dir", help="where leases are staged (default: CACHE/leases)")
+    wk.add_argument("--cache", help="the worker's own CAS (default: $BGRAPH_CACHE or ~/.cache/bgraph, /worker)")
+    wk.add_argument("--digest-function", choices=["sha256", "blake3"],
+                    help="default: the server's (sha256 where it offers it)")
+    wk.add_argument("--heartbeat", type=float, help="seconds between session updates while an action runs "
+                                                    "(default: a third of the server's keepalive, at most 10)")
+    wk.add_argument("--name", help="bot ids are NAME/0, NAME/1, ... (default: the host name); keep it across "
+                                   "restarts: the server then requeues a restarted worker's jobs at once")
+    wk.set_defaults(fn=cmd_worker)
     return p
 
 

@@ -40,4 +40,381 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
 
 from __future__ import annotations
 
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from build_graph.errors import LoadError
+from build_graph.model import Digester, FileEntry, Tree
+from build_graph.remote_exec import outputs as outs
+from build_graph.remote_exec.bots import BotsClient, SessionGone, Stopped
+from build_graph.remote_exec.runner import Process, bwrap_options
+from build_graph.remote_exec.staging import (
+    BadInput,
+    CorruptInput,
+    MissingInputs,
+    Stager,
+    output_paths,
+    split_view,
+    writable_dirs,
+)
+from build_graph.store.cas import LocalCas, rmtree
+from build_graph.store.reapi import remoteworkers_pb2 as rw
+from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
+
 SANDBOX_VERSION = "bwrap-v1"  # the `bgraph-sandbox` platform property: this contract's version
+ISA = {"x86_64": "x86-64", "aarch64": "aarch64", "arm64": "aarch64"}
+log = logging.getLogger("bgraph.worker")
+
+# google.rpc.Code values
+OK, CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL, UNAVAILABLE = 0, 1, 3, 4, 9, 13, 14
+
+
+def host_properties() -> dict[str, str]:
+    """The platform this worker offers: OSFamily, ISA (the host's) and the sandbox version."""
+    machine = platform.machine()
+    return {"OSFamily": "Linux", "ISA": ISA.get(machine, machine), "bgraph-sandbox": SANDBOX_VERSION}
+
+
+def _status(code: int, message: str, missing: list[tuple[str, int]] | None = None):
+    from google.rpc import error_details_pb2, status_pb2
+
+    status = status_pb2.Status(code=code, message=message[:4000])
+    if missing:
+        failure = error_details_pb2.PreconditionFailure()
+        for h, size in missing:
+            failure.violations.add(type="MISSING", subject=f"blobs/{h}/{size}")
+        status.details.add().Pack(failure)
+    return status
+
+
+class Worker:
+    """`slots` bots on one server, each running one lease at a time in the sandbox."""
+
+    def __init__(self, server: str, slots: int, work_dir: Path, cache_dir: Path,
+                 digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None):
+        from build_graph.store.reapi_remote import ReapiRemote
+
+        if not server.startswith("grpc://"):
+            raise LoadError(f"--server {server!r} is not a grpc:// URL", hint="e.g. --server grpc://127.0.0.1:50051")
+        if slots < 1:
+            raise LoadError(f"--slots {slots}: a worker needs at least one slot", hint="e.g. --slots 2")
+        self.server, self.slots = server, slots
+        self.work_dir, self.cache_dir = Path(work_dir), Path(cache_dir)
+        self.heartbeat_s = heartbeat_s
+        self.stopping = threading.Event()
+        self.host = name or socket.gethostname()  # bot ids are <host>/<slot>
+        # The breaker never opens: a worker outlives server restarts and waits them out.
+        probe = ReapiRemote(server, "sha256", timeout_s=60.0, breaker=CircuitBreaker(limit=1 << 62))
+        fn = digest_function or self._server_digest_function(probe)
+        self.remote = probe if fn == "sha256" else ReapiRemote(server, fn, timeout_s=60.0,
+                                                              breaker=CircuitBreaker(limit=1 << 62))
+        self.cas = LocalCas(self.cache_dir, Digester(fn))
+        self.stager = Stager(self.remote, self.cas)
+        self.instance = self.remote.instance
+        self._processes: dict[int, Process] = {}
+        self._lock = threading.Lock()
+
+    def _server_digest_function(self, remote) -> str:
+        """sha256 where the server offers it (REAPI's default), else blake3; the server is waited
+        for while it does not answer (a worker may start before it)."""
+        backoff = 0.2
+        while True:
+            try:
+                offered = list(remote.server_capabilities().cache_capabilities.digest_functions)
+                break
+            except RemoteUnavailable as e:
+                if self.stopping.wait(backoff):
+                    raise LoadError("stopped before the server answered") from None
+                log.info("server not answering (%s), again in %.1f s", e, backoff)
+                backoff = min(backoff * 2, 5.0)
+        if not offered or 1 in offered:
+            return "sha256"
+        if 9 in offered:
+            return "blake3"
+        raise LoadError(f"the server {self.server} offers neither sha256 nor blake3 digests",
+                        hint="bgraph workers hash with sha256 or blake3")
+
+    def run(self) -> int:
+        """Serve leases until SIGTERM/SIGINT; the running actions are killed then."""
+        self._purge_old()
+        threads = [threading.Thread(target=self._slot, args=(i,), name=f"slot-{i}", daemon=True)
+                   for i in range(self.slots)]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads) and not self.stopping.wait(0.5):
+                pass
+        finally:
+            self.stop()
+            for t in threads:
+                t.join(timeout=15)
+            self.cas.close()
+        return 0
+
+    def stop(self) -> None:
+        """Stop taking leases and kill every running action."""
+        self.stopping.set()
+        with self._lock:
+            procs = list(self._processes.values())
+        for p in procs:
+            p.kill("cancelled")
+
+    def _purge_old(self) -> None:
+        """Lease directories an earlier worker left (killed mid-lease) go before any new one."""
+        for slot in self.work_dir.glob("slot-*"):
+            rmtree(slot)
+
+    # -- one bot -------------------------------------------------------------------------------
+    def _session_template(self, index: int) -> rw.BotSession:
+        bot_id = f"{self.host}/{index}"  # stable: a restarted worker's jobs are requeued at once
+        session = rw.BotSession(bot_id=bot_id, status=rw.OK)
+        device = session.worker.devices.add(handle=bot_id)
+        for key, value in sorted(host_properties().items()):
+            device.properties.add(key=key, value=value)
+        return session
+
+    def _heartbeat(self, session: rw.BotSession) -> float:
+        """Seconds between updates while a lease runs: a third of what the server gives the
+        session before it expires (BuildGrid's keepalive), at most 10."""
+        if self.heartbeat_s:
+            return self.heartbeat_s
+        if session.HasField("expire_time"):
+            left = session.expire_time.ToSeconds() - time.time()
+            if left > 0:
+                return max(0.3, min(10.0, left / 3))
+        return 2.0
+
+    def _slot(self, index: int) -> None:
+        template = self._session_template(index)
+        bots = BotsClient(self.remote.channel, self.instance, self.stopping)
+        try:
+            session = bots.create(template)
+            log.info("bot %s: session %s", template.bot_id, session.name)
+            while not self.stopping.is_set():
+                lease = next((le for le in session.leases if le.state in (rw.PENDING, rw.ACTIVE)), None)
+                if lease is None:
+                    try:
+                        session = bots.update(session) or session
+                    except SessionGone as e:
+                        log.info("bot %s: session gone (%s): a new one", template.bot_id, e)
+                        session = bots.create(template)
+                    continue
+                session = self._serve(index, bots, template, session, lease.id)
+        except Stopped:
+            pass
+        except Exception:  # noqa: BLE001 - a slot's end is logged, never silent
+            log.error("bot %s ended:\n%s", template.bot_id, traceback.format_exc())
+
+    def _serve(self, index: int, bots: BotsClient, template, session, lease_id: str):
+        """Run one lease while heartbeating; complete it; the session to go on with."""
+        lease = next(le for le in session.leases if le.id == lease_id)
+        lease.state = rw.ACTIVE
+        cancelled = threading.Event()
+        result: dict = {}
+        run = threading.Thread(target=lambda: result.update(done=self._execute(index, lease, cancelled)),
+                               name=f"lease-{index}", daemon=True)
+        run.start()
+        wait = 0.0  # the first update at once: the server marks the job EXECUTING
+        while run.is_alive():
+            run.join(wait)
+            if not run.is_alive():
+                break
+            wait = self._heartbeat(session)
+            try:
+                got = bots.update(session, timeout_s=max(wait, 5.0))
+            except SessionGone as e:
+                log.info("bot %s: session gone mid-lease (%s): action killed", template.bot_id, e)
+                cancelled.set()
+                run.join()
+                return bots.create(template)
+            if got is None:
+                continue
+            session = got
+            mine = next((le for le in session.leases if le.id == lease_id), None)
+            if mine is None or mine.state == rw.CANCELLED:
+                log.info("bot %s: lease %s cancelled: action killed", template.bot_id, lease_id)
+                cancelled.set()
+                run.join()
+                return session
+        status, action_result = result.get("done") or (_status(INTERNAL, "the lease's thread failed"), None)
+        mine = next((le for le in session.leases if le.id == lease_id), None)
+        if mine is None or mine.state == rw.CANCELLED:
+            return session
+        if self.stopping.is_set() and status.code != OK:
+            # Killed by our own stop: UNAVAILABLE has the server run it again elsewhere at once.
+            status, action_result = _status(UNAVAILABLE, "the worker stopped during the action"), None
+        mine.state = rw.COMPLETED
+        mine.status.CopyFrom(status)
+        if action_result is not None:
+            mine.result.Pack(action_result)
+        try:
+            got = bots.update_until_sent(session)
+        except SessionGone:
+            return bots.create(template)
+        if got is None:
+            raise Stopped()
+        return got
+
+    # -- one lease -----------------------------------------------------------------------------
+    def _execute(self, index: int, lease, cancelled: threading.Event):
+        """Run `lease`'s action: (google.rpc.Status, ActionResult or None)."""
+        pb = self.remote.pb
+        lease_dir = self.work_dir / f"slot-{index}" / f"lease-{uuid.uuid4().hex[:12]}"
+        meta = pb.ExecutedActionMetadata(worker=f"{self.host}/{index}")
+        meta.worker_start_timestamp.GetCurrentTime()
+        try:
+            action = pb.Action()
+            if lease.payload.Is(pb.Action.DESCRIPTOR):
+                lease.payload.Unpack(action)
+            elif lease.payload.Is(pb.Digest.DESCRIPTOR):
+                digest = pb.Digest()
+                lease.payload.Unpack(digest)
+                action = self.stager.message(digest, pb.Action)
+            else:
+                raise BadInput(f"lease payload {lease.payload.type_url!r} is neither an Action nor a Digest")
+            wanted = {p.name: p.value for p in action.platform.properties}
+            if wanted.get("bgraph-sandbox", SANDBOX_VERSION) != SANDBOX_VERSION:
+                return _status(FAILED_PRECONDITION, f"this worker runs sandbox {SANDBOX_VERSION}, the action was "
+                               f"made for {wanted['bgraph-sandbox']}"), None
+            meta.input_fetch_start_timestamp.GetCurrentTime()
+            command = self.stager.message(action.command_digest, pb.Command)
+            if not command.arguments:
+                raise BadInput("the Command has no arguments")
+            entries = self.stager.entries(action.input_root_digest)
+            meta.input_fetch_completed_timestamp.GetCurrentTime()
+            return self._run(action, command, entries, lease_dir, cancelled, meta)
+        except MissingInputs as e:
+            return _status(FAILED_PRECONDITION, str(e), e.blobs), None
+        except BadInput as e:
+            return _status(INVALID_ARGUMENT, str(e)), None
+        except (CorruptInput, RemoteUnavailable) as e:
+            return _status(UNAVAILABLE, f"worker {meta.worker}: {e}"), None
+        except Exception as e:  # noqa: BLE001 - our own failure: the server retries it elsewhere
+            log.error("lease %s failed in the worker:\n%s", lease.id, traceback.format_exc())
+            return _status(INTERNAL, f"worker {meta.worker}: {type(e).__name__}: {e}"), None
+        finally:
+            if lease_dir.exists():
+                rmtree(lease_dir)
+
+    def _run(self, action, command, entries: dict, lease_dir: Path, cancelled: threading.Event, meta):
+        pb = self.remote.pb
+        wd = command.working_directory.strip("/")
+        if wd:
+            wd = os.path.normpath(wd)
+            if wd.startswith(".."):
+                raise BadInput(f"working directory {command.working_directory!r} is outside the input root")
+        outputs = output_paths(command, wd)
+        writable = writable_dirs(outputs) if outputs else []
+        top, below = split_view(entries, writable)
+        if wd and not _is_dir(wd, entries, writable):
+            raise BadInput(f"working directory {wd!r} is not a directory of the input root")
+        lease_dir.mkdir(parents=True)
+        mounts: list[tuple] = []
+        for name, item in sorted(top.items()):
+            if item[0] == "symlink":
+                mounts.append(("symlink", item[1], name))
+            elif item[0] == "file":
+                mounts.append(("ro", self.cas.materialize(Tree.from_checked({name: item[1]})) / name, name))
+            elif not any(w == name for w in writable):
+                mounts.append(("ro", self.cas.materialize(item[1]), name))
+        binds: list[tuple[Path, str]] = []
+        for i, w in enumerate(writable):
+            host = lease_dir / f"w{i}"
+            host.mkdir()
+            self._stage_writable(host, below[w])
+            for o in outputs:
+                if o.startswith(w + "/") and "/" in o[len(w) + 1:]:
+                    (host / os.path.dirname(o[len(w) + 1:])).mkdir(parents=True, exist_ok=True)
+            binds.append((host, w))
+        options = bwrap_options(shutil.which("bwrap") or "bwrap", mounts, binds, wd)
+        env = {e.name: e.value for e in command.environment_variables}
+        stdout, stderr = lease_dir / "stdout", lease_dir / "stderr"
+        timeout = action.timeout.ToTimedelta().total_seconds() if action.HasField("timeout") else None
+        if cancelled.is_set():
+            return _status(CANCELLED, "lease cancelled before the action started"), None
+        meta.execution_start_timestamp.GetCurrentTime()
+        proc = Process(options, list(command.arguments), env, stdout, stderr)
+        key = id(proc)
+        with self._lock:
+            self._processes[key] = proc
+        try:
+            ended = proc.wait(timeout, cancelled)
+        finally:
+            with self._lock:
+                self._processes.pop(key, None)
+        meta.execution_completed_timestamp.GetCurrentTime()
+        if ended.killed == "timeout":
+            return _status(DEADLINE_EXCEEDED, f"the action ran past its timeout of {timeout:g} s and was killed"), None
+        if ended.killed:
+            return _status(CANCELLED, "the action was killed: its lease was cancelled"), None
+        if not ended.started:
+            text = stderr.read_bytes().decode(errors="replace")[-2000:]
+            return _status(INTERNAL, f"worker {meta.worker}: the sandbox did not start: {text.strip()}"), None
+        meta.output_upload_start_timestamp.GetCurrentTime()
+
+        def host_of(path: str) -> str:
+            for (host, w) in binds:
+                if path.startswith(w + "/"):
+                    return str(host / path[len(w) + 1:])
+            return str(lease_dir / "absent" / path)  # not below a writable directory: never made
+        got = outs.collect(pb, self.cas, host_of, outputs, wd)
+        result = pb.ActionResult(exit_code=ended.exit_code, output_files=got.files,
+                                 output_directories=got.directories, output_symlinks=got.symlinks)
+        for name, path in (("stdout", stdout), ("stderr", stderr)):
+            entry = self.cas.put_file(path)
+            got.blob(entry, self.cas.blob_path(entry.digest))
+            getattr(result, f"{name}_digest").CopyFrom(pb.Digest(hash=entry.digest, size_bytes=entry.size))
+        outs.upload(self.remote, got.blobs)
+        meta.output_upload_completed_timestamp.GetCurrentTime()
+        meta.worker_completed_timestamp.GetCurrentTime()
+        result.execution_metadata.CopyFrom(meta)
+        return _status(OK, ""), result
+
+    def _stage_writable(self, host: Path, entries: dict) -> None:
+        """What the input root holds below a writable directory, laid out there: directories,
+        symlinks, and files as copies (the action may change them; the cache's blobs stay intact)."""
+        for path, entry in entries.items():
+            target = host / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(entry, FileEntry):
+                shutil.copyfile(self.cas.blob_path(entry.digest), target)
+                os.chmod(target, 0o755 if entry.executable else 0o644)
+            elif hasattr(entry, "target"):
+                os.symlink(entry.target, target)
+            else:
+                target.mkdir(exist_ok=True)
+
+
+def _is_dir(path: str, entries: dict, writable: list[str]) -> bool:
+    if any(path == w or path.startswith(w + "/") for w in writable):
+        return True
+    prefix = path + "/"
+    return any(p == path or p.startswith(prefix) for p in entries) and not hasattr(entries.get(path), "digest")
+
+
+def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
+         digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None) -> int:
+    """`bgraph worker`: serve until SIGTERM or Ctrl-C."""
+    from build_graph.sandbox import find_bwrap
+
+    find_bwrap()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cache = Path(cache_dir) if cache_dir else Path(os.environ.get("BGRAPH_CACHE") or
+                                                     Path.home() / ".cache" / "bgraph") / "worker"
+    work = Path(work_dir) if work_dir else cache / "leases"
+    work.mkdir(parents=True, exist_ok=True)
+    worker = Worker(server, slots, work, cache, digest_function, heartbeat_s, name)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    print(f"bgraph worker: {slots} slot(s) as {worker.host}/0..{slots - 1} on {server} "
+          f"({', '.join(f'{k}={v}' for k, v in sorted(host_properties().items()))})", flush=True)
+    return worker.run()

@@ -1,0 +1,120 @@
+"""One lease's process in bubblewrap, as worker.py's contract says: the input root's top-level
+entries read-only at /<name>, writable output directories, nothing else of the host.
+
+The isolation options are sandbox.py's own (no capability, no nested user namespace, read-only
+/proc), so a remote action is confined exactly as a local one. The process can be killed at any
+time (timeout, cancelled lease): its whole tree goes, since bwrap's PID namespace ends with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_graph.sandbox import (
+    NO_CAPABILITIES,
+    READ_ONLY_PROC,
+    find_bwrap,
+    nesting_options,
+)
+from build_graph.spares import memfd, read_memfd
+
+
+@dataclass
+class Ended:
+    """How the process ended: its exit code, and whether the worker ended it (and why)."""
+
+    exit_code: int
+    started: bool  # bwrap started the command (else the sandbox itself failed)
+    killed: str = ""  # "timeout" or "cancelled" where the worker killed it
+    start: float = 0.0
+    end: float = 0.0
+
+
+def bwrap_options(bwrap: str, mounts: list[tuple], writable: list[tuple[Path, str]], cwd: str) -> list[str]:
+    """bwrap's options (before `--`): `mounts` are ("ro", host_dir, name) | ("symlink", target,
+    name); `writable` pairs a host directory with its path in the sandbox."""
+    args = ["--unshare-all", NO_CAPABILITIES[0], NO_CAPABILITIES[1], *nesting_options(bwrap),
+            "--die-with-parent", "--new-session", "--hostname", "bgraph", *READ_ONLY_PROC,
+            "--dev", "/dev", "--tmpfs", "/tmp"]
+    for kind, source, name in mounts:
+        if kind == "symlink":
+            args += ["--symlink", source, f"/{name}"]
+        else:
+            args += ["--ro-bind", str(source), f"/{name}"]
+    for host, inside in sorted(writable, key=lambda w: w[1].count("/")):
+        args += ["--bind", str(host), f"/{inside}"]
+    return args + ["--chdir", "/" + cwd if cwd else "/"]
+
+
+class Process:
+    """The sandboxed command of one lease; kill() may be called from another thread."""
+
+    def __init__(self, options: list[str], argv: list[str], env: dict[str, str], stdout: Path, stderr: Path):
+        self.bwrap = find_bwrap()
+        self._killed = ""
+        self._lock = threading.Lock()
+        opts = memfd("options")
+        status = memfd("status")
+        self._status = status
+        try:
+            os.write(opts, b"".join(a.encode() + b"\0" for a in [*options, "--json-status-fd", str(status)]))
+            os.lseek(opts, 0, os.SEEK_SET)
+            with open(stdout, "wb") as out, open(stderr, "wb") as err:
+                # Exactly the Command's environment: bwrap is started with it and passes it on
+                # (as sandbox.py does; --setenv per variable would run into bwrap's argument limit).
+                self.proc = subprocess.Popen([self.bwrap, "--args", str(opts), "--", *argv], env=env,
+                                             stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                             pass_fds=(opts, status), start_new_session=True)
+        except BaseException:
+            os.close(status)
+            raise
+        finally:
+            os.close(opts)
+        self.start = time.time()
+
+    def kill(self, why: str) -> None:
+        """Kill the process tree (bwrap and, through its PID namespace, all the action made)."""
+        with self._lock:
+            if self.proc.returncode is not None:
+                return
+            self._killed = self._killed or why
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout_s: float | None, cancelled: threading.Event) -> Ended:
+        """Wait for the end, killing the process at `timeout_s` or once `cancelled` is set."""
+        deadline = self.start + timeout_s if timeout_s else None
+        while True:
+            try:
+                self.proc.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if cancelled.is_set():
+                self.kill("cancelled")
+            elif deadline is not None and time.time() > deadline:
+                self.kill("timeout")
+        end = time.time()
+        try:
+            text = read_memfd(self._status).decode(errors="replace")
+        finally:
+            os.close(self._status)
+        started = "child-pid" in text
+        code = self.proc.returncode
+        for doc in text.replace("}{", "}\n{").splitlines():
+            try:
+                parsed = json.loads(doc)
+            except ValueError:
+                continue
+            if "exit-code" in parsed:
+                code = parsed["exit-code"]
+        return Ended(exit_code=code, started=started, killed=self._killed, start=self.start, end=end)

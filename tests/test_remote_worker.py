@@ -1,0 +1,337 @@
+"""`bgraph worker` against the real engine: PostgreSQL, BuildGrid 0.9.1 with execution, and two
+workers, started once for this module on 127.0.0.1. A small Execute client here uploads an
+Action, its Command and an input root (the host's /bin/sh, a few tools and their libraries, laid
+out merged-/usr as on Debian), calls Execute and reads the Operation stream, as REAPI clients do."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from remote_exec_servers import ExecStack, missing_reason, wait_until
+
+REASON = missing_reason() if os.name == "posix" else "POSIX only"
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = ExecStack(tmp_path_factory.mktemp("exec"), workers=2)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+# -- a small REAPI client ---------------------------------------------------------------------
+class Client:
+    """Upload, Execute, read the operation stream, cancel: what a REAPI client does."""
+
+    def __init__(self, url: str):
+        from google.longrunning import operations_pb2
+
+        from build_graph.store.reapi import reapi_pb2 as pb
+        from build_graph.store.reapi_remote import ReapiRemote
+        from build_graph.store.remote import CircuitBreaker
+
+        self.pb, self.ops = pb, operations_pb2
+        self.cas = ReapiRemote(url, "sha256", timeout_s=30, breaker=CircuitBreaker(limit=1 << 30))
+        self.blobs: dict[str, bytes] = {}
+        ch = self.cas.channel
+        self._execute = ch.unary_stream("/build.bazel.remote.execution.v2.Execution/Execute",
+                                        request_serializer=pb.ExecuteRequest.SerializeToString,
+                                        response_deserializer=operations_pb2.Operation.FromString)
+        self._cancel = ch.unary_unary("/google.longrunning.Operations/CancelOperation",
+                                      request_serializer=operations_pb2.CancelOperationRequest.SerializeToString,
+                                      response_deserializer=lambda b: b)
+
+    def blob(self, data: bytes):
+        """The digest of `data`, kept for upload."""
+        h = hashlib.sha256(data).hexdigest()
+        self.blobs[h] = data
+        return self.pb.Digest(hash=h, size_bytes=len(data))
+
+    def message(self, msg):
+        return self.blob(msg.SerializeToString())
+
+    def directory(self, files: dict[str, tuple[bytes, bool]], links: dict[str, str], skip: set[str] = frozenset()):
+        """The Merkle tree of `files` (path -> (data, executable)) and `links` (path -> target);
+        paths in `skip` are named but their blobs never uploaded (a missing input)."""
+        pb = self.pb
+        tree: dict = {}
+        for path, value in [*files.items(), *links.items()]:
+            parts = path.split("/")
+            node = tree
+            for p in parts[:-1]:
+                node = node.setdefault(p, {})
+            node[parts[-1]] = (path, value)
+
+        def build(node: dict):
+            d = pb.Directory()
+            for name in sorted(node):
+                value = node[name]
+                if isinstance(value, dict):
+                    d.directories.add(name=name, digest=self.message(build(value)))
+                elif isinstance(value[1], str):
+                    d.symlinks.add(name=name, target=value[1])
+                else:
+                    data, executable = value[1]
+                    digest = self.blob(data)
+                    if value[0] in skip:
+                        del self.blobs[digest.hash]
+                    d.files.add(name=name, digest=digest, is_executable=executable)
+            return d
+        return self.message(build(tree))
+
+    def action(self, argv: list[str], outputs: list[str], files=None, links=None, timeout_s: float | None = None,
+               env: dict[str, str] | None = None, skip: set[str] = frozenset(), properties=None):
+        """Upload an Action running `argv` over the host tools' root plus `files`; its digest."""
+        pb = self.pb
+        root_files, root_links = host_root()
+        root_files.update(files or {})
+        root_links.update(links or {})
+        command = pb.Command(arguments=argv, output_paths=outputs)
+        for k, v in sorted((env or {"PATH": "/usr/bin:/bin"}).items()):
+            command.environment_variables.add(name=k, value=v)
+        action = pb.Action(command_digest=self.message(command),
+                           input_root_digest=self.directory(root_files, root_links, skip))
+        if timeout_s:
+            action.timeout.FromNanoseconds(int(timeout_s * 1e9))
+        props = properties or {"OSFamily": "Linux", "ISA": "x86-64" if os.uname().machine == "x86_64"
+                               else "aarch64", "bgraph-sandbox": "bwrap-v1"}
+        for k, v in sorted(props.items()):
+            action.platform.properties.add(name=k, value=v)
+        digest = self.message(action)
+        self.cas.put_blobs({h: self.blobs[h] for h in self.cas.find_missing(
+            {h: len(b) for h, b in self.blobs.items()})})
+        return digest
+
+    def execute(self, digest, skip_cache: bool = True, on_stage=None, timeout_s: float = 120):
+        """Execute and follow the stream to `done`: (ExecuteResponse, stages seen, operation name)."""
+        pb = self.pb
+        stages, name = [], None
+        for op in self._execute(pb.ExecuteRequest(action_digest=digest, skip_cache_lookup=skip_cache),
+                                timeout=timeout_s):
+            name = op.name
+            meta = pb.ExecuteOperationMetadata()
+            if op.metadata.Unpack(meta):
+                stages.append(meta.stage)
+                if on_stage is not None:
+                    on_stage(op.name, meta.stage)
+            if op.done:
+                assert not op.HasField("error"), op.error
+                response = pb.ExecuteResponse()
+                assert op.response.Unpack(response)
+                return response, stages, name
+        raise AssertionError(f"stream ended without done (stages {stages})")
+
+    def cancel(self, name: str) -> None:
+        self._cancel(self.ops.CancelOperationRequest(name=name), timeout=10)
+
+    def read(self, digest) -> bytes:
+        return self.cas.get_blobs({digest.hash: digest.size_bytes})[digest.hash]
+
+
+_ROOT: tuple[dict, dict] | None = None
+
+
+def host_root() -> tuple[dict, dict]:
+    """The host's TOOLS and their shared libraries as input-root files, with every symlink on the
+    way (Debian's merged /usr: bin -> usr/bin, lib64 -> usr/lib64 ...) kept as a symlink."""
+    global _ROOT
+    if _ROOT is None:
+        files: dict[str, tuple[bytes, bool]] = {}
+        links: dict[str, str] = {}
+        wanted = set(TOOLS)
+        for tool in TOOLS:
+            out = subprocess.run(["ldd", tool], check=False, capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                for word in line.split():
+                    if word.startswith("/"):
+                        wanted.add(word)
+        for path in sorted(wanted):
+            _add_host_path(path, files, links)
+        _ROOT = files, links
+    return dict(_ROOT[0]), dict(_ROOT[1])
+
+
+def _add_host_path(path: str, files: dict, links: dict, depth: int = 0) -> None:
+    assert depth < 20, path
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/" + "/".join(parts[:i])
+        if os.path.islink(sub):
+            target = os.readlink(sub)
+            links[sub[1:]] = target
+            resolved = os.path.normpath(os.path.join(os.path.dirname(sub), target))
+            rest = "/".join(parts[i:])
+            _add_host_path(resolved + ("/" + rest if rest else ""), files, links, depth + 1)
+            return
+    files[path[1:]] = (Path(path).read_bytes(), os.access(path, os.X_OK))
+
+
+def marked_pids(marker: str) -> set[int]:
+    """Host processes whose command line holds `marker`."""
+    found = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmd:
+                found.add(int(d))
+    return found
+
+
+def sh(script: str, *extra: str) -> list[str]:
+    return ["/bin/sh", "-c", script, "sh", *extra]
+
+
+# -- tests ------------------------------------------------------------------------------------
+def test_runs_a_process_and_returns_its_outputs(stack):
+    c = Client(stack.url)
+    data = f"input {uuid.uuid4()}\n".encode()
+    digest = c.action(sh("cat /bgraph/in/data > bgraph/out/a/copy; mkdir bgraph/out/d; echo inner > bgraph/out/d/f;"
+                         " echo to-stdout; echo to-stderr >&2"),
+                      ["bgraph/out/a/copy", "bgraph/out/d", "bgraph/out/never"],
+                      files={"bgraph/in/data": (data, False)}, links={"bgraph/out/.keep": "x"})
+    response, stages, _ = c.execute(digest)
+    assert response.status.code == 0, response.status
+    result = response.result
+    assert result.exit_code == 0
+    files = {f.path: f for f in result.output_files}
+    assert set(files) == {"bgraph/out/a/copy"}  # bgraph/out/never was not made: absent, no error
+    assert c.read(files["bgraph/out/a/copy"].digest) == data
+    assert [d.path for d in result.output_directories] == ["bgraph/out/d"]
+    tree = c.pb.Tree.FromString(c.read(result.output_directories[0].tree_digest))
+    assert [f.name for f in tree.root.files] == ["f"]
+    assert c.read(tree.root.files[0].digest) == b"inner\n"
+    assert c.read(result.stdout_digest) == b"to-stdout\n"
+    assert c.read(result.stderr_digest) == b"to-stderr\n"
+    assert result.execution_metadata.worker.split("/")[0] in ("w0", "w1")
+    assert c.pb.ExecutionStage.EXECUTING in stages
+
+
+def test_sandbox_has_no_capability_and_no_host(stack):
+    c = Client(stack.url)
+    probe = ("grep CapEff /proc/self/status > bgraph/out/caps; ls / > bgraph/out/root;"
+             " (echo x > /proc/sys/kernel/hostname) 2> /dev/null && echo writable > bgraph/out/proc || true;"
+             " (echo x > /usr/bin/cat) 2> /dev/null && echo writable > bgraph/out/usr || true;"
+             " env > bgraph/out/env")
+    digest = c.action(sh(probe), ["bgraph/out/caps", "bgraph/out/root", "bgraph/out/proc", "bgraph/out/usr",
+                                  "bgraph/out/env"], env={"PATH": "/usr/bin:/bin", "ONLY": "this"})
+    response, _, _ = c.execute(digest)
+    assert response.status.code == 0, response.status
+    out = {f.path: c.read(f.digest).decode() for f in response.result.output_files}
+    assert out["bgraph/out/caps"].split() == ["CapEff:", "0000000000000000"]
+    assert set(out["bgraph/out/root"].split()) == {"bgraph", "bin", "dev", "lib", "lib64", "proc", "tmp", "usr"}
+    assert "bgraph/out/proc" not in out and "bgraph/out/usr" not in out  # read-only /proc and inputs
+    env = dict(line.split("=", 1) for line in out["bgraph/out/env"].splitlines())
+    assert env.get("ONLY") == "this" and "HOME" not in env and "PYTHONPATH" not in env
+
+
+def test_non_zero_exit_is_an_ordinary_cached_result(stack):
+    c = Client(stack.url)
+    digest = c.action(sh(f"echo {uuid.uuid4()} > bgraph/out/x; exit 3"), ["bgraph/out/x"])
+    response, _, _ = c.execute(digest)
+    assert response.status.code == 0 and response.result.exit_code == 3
+    assert [f.path for f in response.result.output_files] == ["bgraph/out/x"]
+    again, _, _ = c.execute(digest, skip_cache=False)
+    assert again.cached_result and again.result.exit_code == 3
+
+
+def test_missing_input_blob_is_failed_precondition_missing(stack):
+    from google.rpc import error_details_pb2
+
+    c = Client(stack.url)
+    data = f"never uploaded {uuid.uuid4()}".encode()
+    digest = c.action(sh("cat /bgraph/in/gone > bgraph/out/x"), ["bgraph/out/x"],
+                      files={"bgraph/in/gone": (data, False)}, skip={"bgraph/in/gone"})
+    response, _, _ = c.execute(digest)
+    assert response.status.code == 9, response.status  # FAILED_PRECONDITION
+    failure = error_details_pb2.PreconditionFailure()
+    assert response.status.details[0].Unpack(failure)
+    want = f"blobs/{hashlib.sha256(data).hexdigest()}/{len(data)}"
+    assert [(v.type, v.subject) for v in failure.violations] == [("MISSING", want)]
+
+
+def test_timeout_is_deadline_exceeded_and_kills_the_action(stack):
+    c = Client(stack.url)
+    marker = f"timeout-{uuid.uuid4().hex}"
+    digest = c.action(sh("sleep 60; echo late > bgraph/out/x", marker), ["bgraph/out/x"], timeout_s=1.0)
+    start = time.time()
+    response, _, _ = c.execute(digest)
+    assert response.status.code == 4, response.status  # DEADLINE_EXCEEDED
+    assert time.time() - start < 30
+    wait_until(lambda: not marked_pids(marker), 10, "the timed-out action's processes to end")
+
+
+def test_cancelled_lease_kills_the_action(stack):
+    c = Client(stack.url)
+    marker = f"cancel-{uuid.uuid4().hex}"
+    digest = c.action(sh("sleep 120", marker), ["bgraph/out/x"])
+
+    def on_stage(name, stage):
+        if stage == c.pb.ExecutionStage.EXECUTING:
+            wait_until(lambda: marked_pids(marker), 20, "the action to start")
+            c.cancel(name)
+    with pytest.raises(Exception) as caught:  # the stream ends CANCELLED, or done with CANCELLED
+        response, _, _ = c.execute(digest, on_stage=on_stage)
+        assert response.status.code == 1, response.status
+        raise RuntimeError("cancelled")
+    assert "cancel" in str(caught.value).lower() or "CANCELLED" in repr(caught.value)
+    # The worker sees the cancellation at its next heartbeat (1 s in these tests) and kills it.
+    wait_until(lambda: not marked_pids(marker), 15, "the cancelled action's processes to be killed")
+
+
+def test_worker_killed_mid_lease_is_requeued_to_the_other_without_orphans(stack):
+    c = Client(stack.url)
+    marker = f"killed-{uuid.uuid4().hex}"
+    digest = c.action(sh("sleep 3; echo done > bgraph/out/x", marker), ["bgraph/out/x"])
+    victim: dict = {}
+
+    def on_stage(name, stage):
+        if stage == c.pb.ExecutionStage.EXECUTING and not victim:
+            pids = wait_until(lambda: marked_pids(marker), 20, "the action to start")
+            worker = next(w for w in stack.workers if w.proc.poll() is None and _descends(pids, w.proc.pid))
+            victim.update(worker=worker, pids=pids)
+            worker.kill()
+    response, _, _ = c.execute(digest, on_stage=on_stage, timeout_s=120)
+    assert victim, "the action never started"
+    assert response.status.code == 0 and response.result.exit_code == 0
+    killed_name = victim["worker"].root.name
+    assert not response.result.execution_metadata.worker.startswith(killed_name + "/")
+    assert all(not Path(f"/proc/{p}").exists() for p in victim["pids"]), "the killed worker's action outlived it"
+    leases = victim["worker"].root / "leases"
+    left = list(leases.glob("slot-*/lease-*"))
+    # Restarted under the same name (the same bot), it first purges what its killed self left.
+    stack.workers.remove(victim["worker"])
+    back = stack.add_worker(killed_name)
+    wait_until(lambda: not any(leases.glob("slot-*/lease-*")), 30, "the restarted worker to purge old leases")
+    assert back.proc.poll() is None
+    assert left is not None
+
+
+def _descends(pids: set[int], ancestor: int) -> bool:
+    """Whether any of `pids` has `ancestor` among its parents."""
+    for pid in pids:
+        p = pid
+        for _ in range(64):
+            try:
+                stat = Path(f"/proc/{p}/stat").read_text()
+            except OSError:
+                break
+            p = int(stat.rsplit(")", 1)[1].split()[1])
+            if p == ancestor:
+                return True
+            if p <= 1:
+                break
+    return False
