@@ -120,8 +120,9 @@ def resolve(uv: list[str], inp: LockInput, platform: str, indexes: list[str], lo
         req.write_text("".join(r + "\n" for r in inp.requirements))
         out = Path(tmp) / "pylock.toml"
         argv = [*uv, "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--no-header",
-                "--no-config", "--quiet", "--python-version", inp.python, "--only-binary", ":all:",
+                "--no-config", "--quiet", "--refresh", "--python-version", inp.python, "--only-binary", ":all:",
                 "--python-platform", f"{_UV_ARCH[platform]}-manylinux_{inp.glibc.replace('.', '_')}",
+                # --refresh: a refresh must see releases made since uv cached the index pages;
                 # pip pools every index it is given and takes the best version: so does this lock
                 "--index-strategy", "unsafe-best-match", "--index-url", indexes[0],
                 *(a for extra in indexes[1:] for a in ("--extra-index-url", extra))]
@@ -150,12 +151,20 @@ def resolve(uv: list[str], inp: LockInput, platform: str, indexes: list[str], lo
 
 
 def _size(wheel: dict) -> int:
-    """The file's size: the index's word for it, else (a file: index, which gives none) the file's."""
+    """The file's size: the index's word for it, else (a PEP 503 page gives none) the file's own or
+    the server's Content-Length; 0 where none says."""
     if wheel.get("size"):
         return int(wheel["size"])
     url = urlparse(wheel.get("url", ""))
     if url.scheme == "file" and os.path.isfile(unquote(url.path)):
         return os.path.getsize(unquote(url.path))
+    if url.scheme in ("http", "https"):
+        import requests
+
+        try:
+            return int(requests.head(wheel["url"], allow_redirects=True, timeout=60).headers.get("Content-Length", 0))
+        except (requests.RequestException, ValueError):
+            return 0
     return 0
 
 
