@@ -244,6 +244,11 @@ kind = "oci_image"
 system = "//images:base-python"
 layers = [{ name = "demo", from = [{ wheel = ":demo-wheel" }] }]
 cmd = ["/usr/bin/python3", "-c", "import bgdemo, sys; print(bgdemo.GREETING, sys.version.split()[0], bgdemo.__file__)"]
+
+# The same image as a layout directory (no image.tar in the store): `bgraph load` writes the tar.
+[py-layout]
+base = ":py"
+archive = false
 """
 
 
@@ -322,8 +327,8 @@ def test_the_vllm_images_load_and_plan(built):
     query = ws.cli("query", "deps(//images:vllm-sm121)")
     assert query.rc == 0, query.stderr
     deps = set(query.stdout.split())
-    assert {"//wheels:vllm-sm121", "//wheels:flashinfer-sm121", "//vllm:torch-env", "//images:base-python",
-            "//toolchains:host"} <= deps
+    assert {"//wheels:vllm-sm121", "//wheels:flashinfer-sm121", "//runtime:vllm-cuda", "//runtime:vllm-torch",
+            "//runtime:vllm-deps", "//images:base-python", "//toolchains:host"} <= deps
     print(f"\ndry run of both vLLM images: {time.monotonic() - start:.1f}s")
 
 
@@ -459,6 +464,54 @@ def test_a_python_image_with_a_wheel_runs(built, dockerd):
     assert loaded["layers_sent"] == 2
     out = _run(client, "localhost/bgraph/py:latest")
     assert out == "hello from a wheel 3.11.2 /usr/local/lib/python3.11/dist-packages/bgdemo/__init__.py\n", out
+
+
+@requires_bwrap
+@requires_dockerd
+def test_the_system_layer_carries_the_ca_bundle_that_python_trusts(built, dockerd):
+    """ca-certificates' postinst never runs: the rule's action writes its bundle, which Python's
+    default TLS context (OpenSSL's /usr/lib/ssl/cert.pem -> the bundle) then loads."""
+    host, client = dockerd
+    ws, _link, _secs = built["a"]
+    assert _load(ws, host, "//imgtest:py")["status"] in ("loaded", "present")
+    check = ("import ssl; c = ssl.create_default_context(); s = c.cert_store_stats(); "
+             "b = open('/etc/ssl/certs/ca-certificates.crt').read(); "
+             "print(s['x509_ca'] > 100, b.count('BEGIN CERTIFICATE') == s['x509_ca'], b.endswith('\\n'))")
+    out = _run(client, "localhost/bgraph/py:latest", ["/usr/bin/python3", "-c", check])
+    assert out == "True True True\n", out
+
+
+@requires_bwrap
+@requires_dockerd
+def test_a_layout_image_streams_the_archive_bytes_and_loads(built, dockerd):
+    """archive = false: the output is the OCI layout (its blobs the layer actions' own files); the tar
+    `bgraph load` streams from it is, byte for byte, what the archive action writes."""
+    from build_graph.oci.load import _layout_members, _stream
+
+    host, client = dockerd
+    ws, _link, _secs = built["a"]
+    run = ws.build("//imgtest:py-layout")
+    assert run.rc == 0, run.stderr[-3000:]
+    layout = Path(run.json["outputs"]["//imgtest:py-layout"])
+    assert not (layout / "image.tar").exists() and (layout / "oci-layout").is_file()
+    meta = json.loads((layout / "image.json").read_text())
+    streamed = b"".join(_stream(layout, _layout_members(layout)))
+    members = {}
+    for p in sorted(layout.rglob("*")):
+        rel = p.relative_to(layout).as_posix()
+        if p.is_file() and rel != "image.json":
+            members[rel] = {"file": str(p)}
+    written = io.BytesIO()
+    tarball.write_archive(written, EPOCH, members)
+    assert streamed == written.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(streamed)) as t:
+        for layer in meta["layers"]:
+            blob = t.extractfile(image.blob_path(layer["digest"])).read()
+            assert "sha256:" + hashlib.sha256(blob).hexdigest() == layer["digest"]
+    loaded = _load(ws, host, "//imgtest:py-layout")
+    assert loaded["image_id"] == meta["config"] and loaded["status"] == "loaded", loaded
+    out = _run(client, "localhost/bgraph/py-layout:latest")
+    assert out.startswith("hello from a wheel 3.11.2 "), out
 
 
 @requires_bwrap

@@ -158,6 +158,42 @@ class _Member:
     name: str
     start: int
     end: int  # the header, the data and its padding: [start, end) of the image tar
+    head: bytes = b""  # a layout directory's member: its header, written here
+    file: str | None = None  # and the file whose bytes follow it
+    size: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.head) + self.size + (-self.size % BLOCK) if self.head else self.end - self.start
+
+
+def _layout_members(root: Path) -> list[_Member]:
+    """The members of the tar the image's layout directory stands for: the same entries, order and
+    headers as the archive action writes (tarball.write_archive), so the bytes sent are image.tar's."""
+    from build_graph.oci import tarball
+    from build_graph.rules.oci_image import EPOCH
+
+    entries: dict[bytes, str | None] = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            rel = os.path.relpath(os.path.join(dirpath, n), root)
+            if rel != "image.json":
+                entries[os.fsencode(rel)] = os.path.join(dirpath, n)
+    for name in list(entries):
+        parent = name.rpartition(b"/")[0]
+        while parent and parent not in entries:
+            entries[parent] = None
+            parent = parent.rpartition(b"/")[0]
+    out = []
+    for name in sorted(entries):
+        file = entries[name]
+        if file is None:
+            out.append(_Member(name.decode(), 0, 0, tarball.header(name + b"/", b"5", 0, tarball.DIR_MODE, EPOCH)))
+        else:
+            size = os.stat(file).st_size
+            out.append(_Member(name.decode(), 0, 0, tarball.header(name, b"0", size, tarball.FILE_MODE, EPOCH),
+                               file, size))
+    return out
 
 
 def _members(path: Path) -> tuple[list[_Member], int]:
@@ -174,6 +210,21 @@ def _members(path: Path) -> tuple[list[_Member], int]:
 
 
 def _stream(path: Path, members: list[_Member]) -> Iterator[bytes]:
+    if path.is_dir():  # a layout directory: each member's header, then its file
+        for m in members:
+            yield m.head
+            if m.file is not None:
+                with open(m.file, "rb") as f:
+                    left = m.size
+                    while left:
+                        chunk = f.read(min(CHUNK, left))
+                        if not chunk:
+                            raise ImageLoadError(f"{m.file} is shorter than it was")
+                        left -= len(chunk)
+                        yield chunk
+                yield b"\0" * (-m.size % BLOCK)
+        yield b"\0" * (2 * BLOCK)
+        return
     with open(path, "rb") as f:
         for m in members:
             f.seek(m.start)
@@ -206,7 +257,8 @@ class _Refused(Exception):
 
 def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool = False,
          progress=lambda line: None) -> LoadReport:
-    """Load the image whose output (image.tar, image.json) is `image_dir` into the daemon."""
+    """Load the image whose output (image.tar or the layout directory, and image.json) is `image_dir`
+    into the daemon."""
     import docker
 
     ref, config = meta["ref"], meta["config"]
@@ -232,7 +284,11 @@ def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool
             except docker.errors.NotFound:
                 pass
         path = image_dir / "image.tar"
-        members, _end = _members(path)
+        if not path.exists() and (image_dir / "oci-layout").is_file():  # archive = false: the tar is made here
+            path = image_dir
+            members = _layout_members(path)
+        else:
+            members, _end = _members(path)
         keep = 0
         if not full:
             have = daemon_chains(client)
@@ -272,7 +328,7 @@ def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool
             loaded = None
         if loaded != config:
             raise ImageLoadError(f"the daemon took the tar, but {ref} is {loaded or 'not there'}, not {config}")
-        sent = sum(m.end - m.start for m in sent_members) + 2 * BLOCK
+        sent = sum(m.length for m in sent_members) + 2 * BLOCK
         return LoadReport(ref, config, daemon, len(layers), len(layers) - keep, total, sent, round(seconds, 3),
                           "loaded", note)
     finally:

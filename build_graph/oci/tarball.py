@@ -1,7 +1,7 @@
 """Deterministic tar files: OCI layers and the image archive.
 
 Standard library only: this module's text is also the script the `oci_image` rule's actions run
-(`python3 -I -S -c <this file> layer|image SPEC`) under the pinned CPython of //toolchains:host,
+(`python3 -I -S -c <this file> layer|image|layout SPEC`) under the pinned CPython of //toolchains:host,
 so its text is part of every layer's key. Headers are written by hand (512-byte POSIX ustar,
 with a PAX record only where ustar cannot hold a field), not by `tarfile`, whose bytes changed
 between CPython versions (OCI.md: 3.7/3.8 wrote devmajor/devminor digits into every header).
@@ -208,9 +208,24 @@ def write_archive(out, mtime, members):
     return w.close()
 
 
+def write_layout(out_dir, members):
+    """The documents of an image layout (`members`: path -> {"text": str}) under `out_dir`; its
+    blobs are the layer actions' own files, placed by the rule (no copy)."""
+    for path, spec in sorted(members.items()):
+        target = os.path.join(out_dir, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(spec["text"].encode())
+
+
 def main(argv):
-    """`layer SPEC` or `image SPEC` (SPEC: JSON; see the oci_image rule)."""
+    """`layer SPEC`, `image SPEC` or `layout SPEC` (SPEC: JSON; see the oci_image rule)."""
     what, spec = argv[0], json.loads(argv[1])
+    if what == "layout":
+        write_layout(spec["out"], spec["members"])
+        with open(spec["meta"], "w") as meta:
+            meta.write(spec["meta_text"])
+        return
     with open(spec["out"], "wb") as out:
         if what == "layer":
             digest, size = write_layer(out, spec["root"], spec["mtime"], spec.get("files"), spec.get("dirs"),

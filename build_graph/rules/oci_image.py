@@ -50,6 +50,19 @@ _USER = re.compile(r"^(root|nobody|\d+)(:(root|nogroup|\d+))?$")
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
 SYSTEM_DIRS = {"tmp": 0o1777, "root": 0o700}
+CA_DIR = "usr/share/ca-certificates"
+CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
+# What ca-certificates' postinst (update-ca-certificates) writes, with the same bytes: every
+# certificate the package ships, in byte order of its path, each ending in a newline.
+CA_SCRIPT = """import os, sys
+root, out = sys.argv[1], sys.argv[2]
+names = [os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs if f.endswith('.crt')]
+with open(out, 'wb') as o:
+    for name in sorted(names, key=os.fsencode):
+        with open(os.path.join(root, name), 'rb') as f:
+            data = f.read()
+        o.write(data if not data or data.endswith(b'\\n') else data + b'\\n')
+"""
 
 
 @lru_cache(maxsize=1)
@@ -129,6 +142,9 @@ class OciImageAttrs(Attrs):
     platform: Literal["x86_64", "aarch64"] | None = Field(
         None, description="the platform the image is for (a transition; `--platform` overrides it)")
     tools: str = Field("//toolchains:host", description="the system whose python3 writes the tars")
+    archive: bool = Field(True, description="write image.tar; false: the OCI layout as a directory whose blobs "
+                                            "are the layer actions' own files (no second copy of GBs of layers "
+                                            "in the store); `bgraph load` writes the same tar as it sends it")
 
     @field_validator("tag")
     @classmethod
@@ -269,6 +285,17 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         bottom = _Layer("system")
         bottom.tree = system.tree
         layers.append(bottom)
+    tools = ctx.dep(a.tools, "tools")
+    # No maintainer script runs: the CA bundle update-ca-certificates would write is made here.
+    certs = Tree.from_checked({p: e for p, e in (layers[0].tree.subtree(CA_DIR).entries.items() if layers else ())
+                               if p.endswith(".crt")})
+    bundle = []
+    if certs.entries and CA_BUNDLE not in layers[0].tree.entries:
+        bundle = [ctx.exec_action("ca-certificates bundle", "CaBundle",
+                                  ["/usr/bin/python3", "-I", "-S", "-c", CA_SCRIPT, "/bgraph/in/certs",
+                                   "/bgraph/out/ca-certificates.crt"],
+                                  inputs={"/bgraph/in/certs": certs}, outputs=["ca-certificates.crt"],
+                                  host=tools, memory_mb=128)]
 
     # The wheels, unpacked (in-process, like any archive), all at once.
     wheel_parts = [(g, p) for g in a.layers for p in g.parts if p.wheel]
@@ -280,7 +307,10 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
             raise ctx.fail(f"{p.wheel} is no py_wheel (its output names no wheel)", "layers",
                            hint="a tree part places any target's output: tree = \"...\"")
         unpacks.append(ctx.extract_action(Tree({wheel: out.tree.entries[wheel]}), wheel))
-    unpacked = (yield unpacks) if unpacks else []
+    done = (yield unpacks + bundle) if unpacks or bundle else []
+    unpacked = done[:len(unpacks)]
+    if bundle:
+        layers[0].tree = layers[0].tree.merged(Tree({CA_BUNDLE: done[-1].tree.entries["ca-certificates.crt"]}))
     wheel_trees = {id(p): site_packages(o.tree) for (_g, p), o in zip(wheel_parts, unpacked)}
 
     site = _relpath(a.site_packages)
@@ -322,7 +352,6 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
 
     _check(ctx, layers)
 
-    tools = ctx.dep(a.tools, "tools")
     script = tar_script()
     actions = []
     for layer in layers:
@@ -366,6 +395,15 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         inputs[mount] = Tree({"layer.tar": out.tree.entries["layer.tar"]})
         members.setdefault(image.blob_path(layer.digest), {"file": f"{mount}/layer.tar"})
     meta_text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    if not a.archive:
+        texts = {p: m for p, m in members.items() if "text" in m}
+        spec = {"out": "/bgraph/out", "members": texts, "meta": "/bgraph/out/image.json", "meta_text": meta_text}
+        [docs_out] = yield [ctx.exec_action(
+            f"image layout {ref}", "OciLayout",
+            ["/usr/bin/python3", "-I", "-S", "-c", script, "layout", json.dumps(spec, sort_keys=True)],
+            inputs={}, outputs=["image.json", *sorted(texts)], host=tools, memory_mb=128)]
+        blobs = Tree({image.blob_path(l.digest): out.tree.entries["layer.tar"] for l, out in zip(described, written)})
+        return TargetOutput(docs_out.tree.merged(blobs), {**summary, "layout": True})
     spec = {"out": "/bgraph/out/image.tar", "mtime": EPOCH, "members": members, "meta": "/bgraph/out/image.json",
             "meta_text": meta_text}
     [archive] = yield [ctx.exec_action(
