@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from remote_exec_servers import ExecStack, missing_reason, wait_until
 
+from build_graph.model import Tree
+
 TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls", "/usr/bin/env")
 
 
@@ -379,3 +381,26 @@ def test_writable_dirs_and_view():
     assert below == {"bgraph/out": {"link": SymlinkEntry("/bgraph/src/f")}}
     with pytest.raises(BadInput):
         split_view({"proc/x": FileEntry("c" * 64, 1)}, [])
+
+
+def test_materialized_trees_are_bounded_and_made_again(tmp_path):
+    """Trees no lease uses go beyond KEEP, least recently used first; one in use stays; a removed
+    one is laid out again when asked for (LocalCas must not hand out the removed path)."""
+    from build_graph.model import Digester
+    from build_graph.remote_exec.trees import TreeCache
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("sha256"))
+    trees = [Tree({f"f{i}": cas.put_bytes(f"blob {i}".encode())}) for i in range(3)]
+    cache = TreeCache(cas, keep=2)
+    held = cache.take(trees[0])
+    first = cache.take(trees[1])
+    cache.give_back([first.name])
+    assert held.exists() and first.exists()  # two trees: not over KEEP
+    second = cache.take(trees[2])
+    cache.give_back([second.name])
+    assert not first.exists() and held.exists()  # the idle, least recently used one went
+    cache.give_back([held.name])
+    again = cache.take(trees[1])
+    assert again == first and (again / "f1").read_bytes() == b"blob 1"
+    cas.close()

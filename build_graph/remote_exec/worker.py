@@ -66,6 +66,7 @@ from build_graph.remote_exec.staging import (
     split_view,
     writable_dirs,
 )
+from build_graph.remote_exec.trees import TreeCache
 from build_graph.store.cas import LocalCas, rmtree
 from build_graph.store.reapi import remoteworkers_pb2 as rw
 from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
@@ -119,6 +120,7 @@ class Worker:
                                                               breaker=CircuitBreaker(limit=1 << 62))
         self.cas = LocalCas(self.cache_dir, Digester(fn))
         self.stager = Stager(self.remote, self.cas)
+        self.trees = TreeCache(self.cas)
         self.instance = self.remote.instance
         self._processes: dict[int, Process] = {}
         self._lock = threading.Lock()
@@ -306,7 +308,7 @@ class Worker:
                 rmtree(lease_dir)
 
     def _run(self, action, command, entries: dict, lease_dir: Path, cancelled: threading.Event, meta):
-        pb = self.remote.pb
+        """Mount the input root's read-only trees (held while the lease runs), then run it."""
         wd = command.working_directory.strip("/")
         if wd:
             wd = os.path.normpath(wd)
@@ -319,13 +321,27 @@ class Worker:
             raise BadInput(f"working directory {wd!r} is not a directory of the input root")
         lease_dir.mkdir(parents=True)
         mounts: list[tuple] = []
-        for name, item in sorted(top.items()):
-            if item[0] == "symlink":
-                mounts.append(("symlink", item[1], name))
-            elif item[0] == "file":
-                mounts.append(("ro", self.cas.materialize(Tree.from_checked({name: item[1]})) / name, name))
-            elif not any(w == name for w in writable):
-                mounts.append(("ro", self.cas.materialize(item[1]), name))
+        held: list[str] = []
+        try:
+            for name, item in sorted(top.items()):
+                if item[0] == "symlink":
+                    mounts.append(("symlink", item[1], name))
+                elif item[0] == "file":
+                    path = self.trees.take(Tree.from_checked({name: item[1]}))
+                    held.append(path.name)
+                    mounts.append(("ro", path / name, name))
+                elif not any(w == name for w in writable):
+                    path = self.trees.take(item[1])
+                    held.append(path.name)
+                    mounts.append(("ro", path, name))
+            return self._sandboxed(action, command, outputs, writable, below, mounts, wd, lease_dir,
+                                   cancelled, meta)
+        finally:
+            self.trees.give_back(held)
+
+    def _sandboxed(self, action, command, outputs, writable, below, mounts, wd, lease_dir, cancelled, meta):
+        """Stage the writable directories, run the process, collect and upload its outputs."""
+        pb = self.remote.pb
         binds: list[tuple[Path, str]] = []
         for i, w in enumerate(writable):
             host = lease_dir / f"w{i}"
