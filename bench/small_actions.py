@@ -37,6 +37,9 @@ Parts (--parts, comma-separated; all by default):
            into --toolchain-cache, once, untimed, and reused between runs; each cold bgraph build
            starts from a copy of it, stamped by an untimed build of the toolchain targets, so no
            toolchain time is in the measurement. Cubins of every builder are compared with plain's.
+           Each build (and sccache's server) runs in a cgroup of its own (bench/cpu_group.py): its CPU
+           is exact, the sandboxes' included, whatever else the machine runs; bgraph's own CPU is
+           that less its actions' (each sandbox's cgroup, from --json).
 
 Wall times on a shared machine measure the queue for the cores as much as the builds: compare the
 builders of one run as ratios, never figures across runs. Each build's own CPU (machine busy time
@@ -46,8 +49,8 @@ bgraph runs from a `git archive` snapshot of --bgraph-rev (default HEAD), so edi
 during a run cannot mix versions; `--bgraph-rev worktree` runs the checkout's build_graph/.
 
 Before/after: `--base-rev REV` runs a second commit as builder "bgraph-base" beside the others in every
-genrule repeat (interleaved, the order rotated), and reports each one's own wall and CPU per action and
-their ratio within each repeat; `--no-profile` skips the --profile builds. `--bgraph-rev dir:PATH` runs
+genrule and cuda repeat (interleaved, the order rotated), and reports each one's own wall and CPU per
+action and their ratio within each repeat; `--no-profile` skips the --profile builds. `--bgraph-rev dir:PATH` runs
 bgraph from a tree prepared elsewhere.
 
 Usage: python3 bench/small_actions.py [--parts genrule,floor,cprofile,pyspy,gil,strace,cuda] [--n 300]
@@ -76,6 +79,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arch_cache import (Meter, SccacheBuilder, age, clean_env, compare, cubins, free_port, gencode,  # noqa: E402
                         real_tool, rmtree, tool_version)
+from cpu_group import CpuGroup  # noqa: E402
 
 PARTS = ["genrule", "floor", "cprofile", "pyspy", "gil", "strace", "cuda"]
 ARCHS = ["12.0a", "12.1a"]
@@ -115,22 +119,30 @@ def write_genrule_workspace(root: Path, n: int) -> None:
     (root / "build.ninja").write_text("".join(ninja))
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str], out: Path | None = None) -> dict:
+def timed(argv: list[str], cwd: Path, env: dict[str, str], out: Path | None = None,
+          group: CpuGroup | None = None) -> dict:
     """Run one build: wall seconds, own CPU (Meter: the machine's busy time less the other
     processes' sampled CPU), the CPU of its own process tree (the rusage of the build and every
-    process it waited for, exact but blind to kernel threads working for it), and its exit status
-    checked."""
+    process it waited for, exact but blind to kernel threads working for it and to what
+    bubblewrap's PID namespaces reap), and its exit status checked. With `group` (a CpuGroup it
+    runs in, possibly holding a server started earlier), `group_cpu` is everything charged to the
+    group: exact, sandboxes included, and blind to the other sessions' load."""
     import resource
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start_cpu = group.cpu_s() if group is not None else 0.0
     with open(out or os.devnull, "wb") as sink, Meter() as m:
-        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.run(group.wrap(argv) if group is not None else argv, cwd=cwd, env=env, stdout=sink,
+                              stderr=subprocess.STDOUT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         tail = out.read_bytes()[-3000:].decode(errors="replace") if out else ""
         raise RuntimeError(f"failed ({proc.returncode}): {' '.join(argv)}\n{tail}")
     tree = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": m.wall, "own_cpu": m.own, "foreign_cpu": m.foreign, "tree_cpu": tree,
-            "tree_sys": after.ru_stime - before.ru_stime}
+    r = {"wall": m.wall, "own_cpu": m.own, "foreign_cpu": m.foreign, "tree_cpu": tree,
+         "tree_sys": after.ru_stime - before.ru_stime}
+    if group is not None:
+        r["group_cpu"] = group.cpu_s() - start_cpu
+    return r
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -638,6 +650,7 @@ class TinyMake:
 
     def __init__(self, root: Path, nvcc: str, launcher: str | None, tus: int, jobs: int, env: dict[str, str]):
         self.root, self.nvcc, self.launcher, self.tus, self.jobs, self.env = root, nvcc, launcher, tus, jobs, env
+        self.group: CpuGroup | None = None  # the cgroup the next build runs in (exact CPU)
 
     def setup(self) -> None:
         rmtree(self.root)
@@ -648,10 +661,18 @@ class TinyMake:
             f"OBJS := {' '.join(f'obj/k{i}.o' for i in range(self.tus))}\nall: $(OBJS)\n"
             "obj/%.o: src/%.cu src/tiny.cuh Makefile\n\t@mkdir -p obj\n\t$(NVCC) $(FLAGS) -c $< -o $@\n")
         age(self.root)
+        self.group = CpuGroup.make()
 
     def build(self) -> dict:
-        r = timed(["make", f"-j{self.jobs}", "-s"], self.root, self.env)
-        return r
+        try:
+            return timed(["make", f"-j{self.jobs}", "-s"], self.root, self.env, group=self.group)
+        finally:
+            self.drop_group()
+
+    def drop_group(self) -> None:
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
 
     def objects(self) -> list[Path]:
         return sorted((self.root / "obj").glob("*.o"))
@@ -667,14 +688,26 @@ class TinySccache(TinyMake):
         self.scc.sccache, self.scc.cache_dir, self.scc.env, self.scc.running = sccache, cache_dir, self.env, False
 
     def setup(self) -> None:
+        self.stop()
         super().setup()
+        if self.group is not None:
+            # The server compiles: it runs in the build's group (every sccache call joins it,
+            # --stop-server included), the make and client processes join it through timed().
+            script = self.root.parent / "sccache-in-group.sh"
+            script.write_text(f"#!/bin/sh\necho $$ > '{self.group.path}/cgroup.procs' || exit 125\n"
+                              f"exec '{self.launcher}' \"$@\"\n")
+            script.chmod(0o755)
+            self.scc.sccache = str(script)
         self.scc.reset_cache()
 
     def build(self) -> dict:
-        return super().build()
+        # the group is kept: the server, idle now, lives in it until stop()
+        return timed(["make", f"-j{self.jobs}", "-s"], self.root, self.env, group=self.group)
 
     def stop(self) -> None:
         self.scc.stop()
+        self.scc.sccache = self.launcher
+        self.drop_group()
 
 
 class TinyBgraph:
@@ -682,6 +715,7 @@ class TinyBgraph:
 
     def __init__(self, root: Path, bg: Bgraph, cache: Path, template: Path, tus: int, jobs: int):
         self.root, self.bg, self.cache, self.template, self.tus, self.jobs = root, bg, cache, template, tus, jobs
+        self.group: CpuGroup | None = None
 
     def setup(self) -> None:
         rmtree(self.root)
@@ -700,21 +734,34 @@ class TinyBgraph:
         subprocess.run([*self.bg.cmd, "-C", str(self.root), "--cache-dir", str(self.cache), "build", "--json",
                         *TOOLCHAIN_TARGETS], env=self.bg.env, check=True, capture_output=True)
         rmtree(self.root / "bgraph-out")
+        self.group = CpuGroup.make()
 
     def build(self) -> dict:
+        """The timed cold build; beside its figures, the actions' own CPU (each sandbox's cgroup,
+        from --json) and, with a group, bgraph's own: the group's CPU less the actions'."""
         out = self.root.parent / "tiny-bgraph.json"
-        r = timed([*self.bg.cmd, "-C", str(self.root), "--cache-dir", str(self.cache), "build", f"-j{self.jobs}",
-                   "--json", "//bench:lib"], self.root, self.bg.env, out=out)
+        try:
+            r = timed([*self.bg.cmd, "-C", str(self.root), "--cache-dir", str(self.cache), "build",
+                       f"-j{self.jobs}", "--json", "//bench:lib"], self.root, self.bg.env, out=out, group=self.group)
+        finally:
+            if self.group is not None:
+                self.group.remove()
+                self.group = None
         s = json.loads(out.read_text())
         assert s["ok"], s["errors"]
-        acts = [a for a in s["actions"] if a["label"] == "//bench:lib" and a["status"] == "executed"]
-        by = defaultdict(lambda: [0, 0.0])
+        ran = [a for a in s["actions"] if a["status"] == "executed"]
+        acts = [a for a in ran if a["label"] == "//bench:lib"]
+        by = defaultdict(lambda: [0, 0.0, 0.0])
         for a in acts:
             by[a["mnemonic"]][0] += 1
             by[a["mnemonic"]][1] += a["duration_s"]
-        r.update(executed=len(acts), internal_wall=s["wall_s"],
-                 sum_durations=round(sum(a["duration_s"] for a in acts), 3),
-                 by_mnemonic={k: [v[0], round(v[1], 3)] for k, v in sorted(by.items())})
+            by[a["mnemonic"]][2] += a.get("cpu_s", 0.0)
+        actions_cpu = sum(a.get("cpu_s", 0.0) for a in ran)
+        r.update(executed=len(acts), executed_all=len(ran), internal_wall=s["wall_s"],
+                 sum_durations=round(sum(a["duration_s"] for a in acts), 3), actions_cpu=round(actions_cpu, 3),
+                 by_mnemonic={k: [v[0], round(v[1], 3), round(v[2], 3)] for k, v in sorted(by.items())})
+        if "group_cpu" in r:
+            r["bgraph_own_cpu"] = r["group_cpu"] - actions_cpu
         return r
 
     def objects(self) -> list[Path]:
@@ -726,7 +773,8 @@ class TinyBgraph:
         return sorted(d.glob("*.o"))
 
 
-def part_cuda(bg: Bgraph, root: Path, args, results: dict) -> None:
+def part_cuda(bg: Bgraph, root: Path, args, results: dict, base: Bgraph | None = None) -> None:
+    """`base` (--base-rev): a second bgraph, run as builder "bgraph-base" in every repeat."""
     template = Path(args.toolchain_cache)
     setup_ws = root / "tc-ws"
     (setup_ws / "targets").mkdir(parents=True)
@@ -755,6 +803,9 @@ def part_cuda(bg: Bgraph, root: Path, args, results: dict) -> None:
                                           sccache=sccache, cache_dir=root / "sccache")
     builders["bgraph"] = TinyBgraph(root / "tiny-bgraph", bg, root / "tiny-bgraph-cache", template, args.tus,
                                     args.jobs)
+    if base is not None:
+        builders["bgraph-base"] = TinyBgraph(root / "tiny-bgraph-base", base, root / "tiny-bgraph-base-cache",
+                                             template, args.tus, args.jobs)
     names = list(builders)
     rows, ref = [], None
     scratch = root / "scratch"
@@ -774,13 +825,15 @@ def part_cuda(bg: Bgraph, root: Path, args, results: dict) -> None:
                 r.update(builder=name, repeat=rep, correct=ok, verdict=verdict)
                 rows.append(r)
                 extra = (f"  executed {r['executed']} (sum of durations {r['sum_durations']:.1f}s, inside "
-                         f"{r['internal_wall']:.1f}s)") if name == "bgraph" else ""
-                print(f"  {name:7s} wall {r['wall']:7.2f}s  own cpu {r['own_cpu']:6.1f}s  foreign "
-                      f"{r['foreign_cpu']:5.1f}s  {verdict}{extra}", flush=True)
+                         f"{r['internal_wall']:.1f}s; actions' CPU {r['actions_cpu']:.1f}s, bgraph's own "
+                         f"{r.get('bgraph_own_cpu', float('nan')):.2f}s)") if name.startswith("bgraph") else ""
+                print(f"  {name:11s} wall {r['wall']:7.2f}s  group cpu {r.get('group_cpu', float('nan')):6.2f}s  "
+                      f"own cpu {r['own_cpu']:6.1f}s  foreign {r['foreign_cpu']:5.1f}s  {verdict}{extra}", flush=True)
     finally:
         if "sccache" in builders:
             builders["sccache"].stop()
     results["cuda"] = {"tus": args.tus, "archs": ARCHS, "jobs": args.jobs, "runs": rows,
+                       "versions": {k: b.bg.version for k, b in builders.items() if isinstance(b, TinyBgraph)},
                        "sccache": tool_version([sccache, "--version"]) if sccache else "not installed",
                        "nvcc": tool_version([nvcc, "--version"])}
 
@@ -906,6 +959,23 @@ def report(results: dict) -> None:
             per = [(b["wall"] - p["wall"]) / ex * 1e3 for b, p in zip(by["bgraph"], by["plain"])]
             print(f"\nbgraph executed {ex} actions ({by['bgraph'][0]['by_mnemonic']}); (bgraph wall - plain wall) / "
                   f"actions per repeat: {', '.join(f'{x:.0f}' for x in per)} ms")
+        if all("group_cpu" in r for r in c["runs"]):
+            # exact CPU (each build in its own cgroup), as ratios to plain within each repeat
+            print("\n| builder | CPU s per repeat (its cgroup) | median | ratio to plain, per repeat | median ratio |")
+            print("|---|---|---:|---|---:|")
+            for k, v in by.items():
+                ratios = [r["group_cpu"] / p["group_cpu"] for r, p in zip(v, by["plain"])]
+                cpus = ", ".join(f"{r['group_cpu']:.2f}" for r in v)
+                print(f"| {k} | {cpus} | {med([r['group_cpu'] for r in v]):.2f} "
+                      f"| {', '.join(f'{x:.3f}' for x in ratios)} | {med(ratios):.3f}x |")
+            for k, v in by.items():
+                if k.startswith("bgraph"):
+                    own = [r["bgraph_own_cpu"] for r in v]
+                    ex = v[0]["executed_all"]
+                    acts = ", ".join(f"{r['actions_cpu']:.2f}" for r in v)
+                    print(f"{k}: actions' CPU (their sandboxes' cgroups) {acts} s; "
+                          f"bgraph's own (the rest of its group) {', '.join(f'{x:.2f}' for x in own)} s = "
+                          f"{med(own) / ex * 1e3:.1f} ms per action, {med(own) / c['tus'] * 1e3:.0f} ms per TU (median)")
 
 
 def part_gil(bg: Bgraph, root: Path, args, results: dict) -> None:
@@ -1035,7 +1105,7 @@ def main() -> int:
     ap.add_argument("--strace-n", type=int, default=100, help="genrules in the strace part")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--bgraph-rev", default="HEAD")
-    ap.add_argument("--base-rev", help="genrule part: also run this commit, as builder bgraph-base, interleaved "
+    ap.add_argument("--base-rev", help="genrule and cuda parts: also run this commit, as builder bgraph-base, interleaved "
                                        "(a before/after of two commits in one run)")
     ap.add_argument("--no-profile", action="store_true", help="genrule part: no --profile builds")
     ap.add_argument("--toolchain-cache", default=str(DEFAULT_TOOLCHAIN_CACHE),
@@ -1078,7 +1148,7 @@ def main() -> int:
         if "strace" in parts:
             part_strace(bg, root, args, results)
         if "cuda" in parts:
-            part_cuda(bg, root, args, results)
+            part_cuda(bg, root, args, results, base)
         results["total_wall_s"] = round(time.monotonic() - t0, 1)
         results["machine"]["loadavg_end"] = os.getloadavg()
         report(results)
