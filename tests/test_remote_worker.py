@@ -322,6 +322,54 @@ def test_worker_killed_mid_lease_is_requeued_to_the_other_without_orphans(stack)
     assert back.proc.poll() is None
 
 
+def _run_and_hit_worker(stack, c, marker: str, hit) -> tuple[object, dict, float]:
+    """Execute a 3 s action; once it runs, call hit(worker) on the worker running it. The
+    response, what was hit, and the seconds from the hit to `done`."""
+    digest = c.action(sh("sleep 3; echo done > bgraph/out/x", marker), ["bgraph/out/x"])
+    victim: dict = {}
+
+    def on_stage(name, stage):
+        if stage == c.pb.ExecutionStage.EXECUTING and not victim:
+            pids = wait_until(lambda: marked_pids(marker), 20, "the action to start")
+            worker = next(w for w in stack.workers if w.proc.poll() is None and _descends(pids, w.proc.pid))
+            victim.update(worker=worker, pids=pids, at=time.time())
+            hit(worker)
+    response, _, _ = c.execute(digest, on_stage=on_stage, timeout_s=120)
+    assert victim, "the action never started"
+    return response, victim, time.time() - victim["at"]
+
+
+def test_worker_stopped_hands_its_lease_back_at_once(stack):
+    """SIGTERM: the worker kills its action and completes the lease UNAVAILABLE, which BuildGrid
+    queues again at once (not after the 10 s keepalive); the worker exits 0."""
+    c = Client(stack.url)
+    marker = f"stopped-{uuid.uuid4().hex}"
+    response, victim, after = _run_and_hit_worker(stack, c, marker, lambda w: w.proc.terminate())
+    assert response.status.code == 0 and response.result.exit_code == 0
+    assert victim["worker"].proc.wait(timeout=20) == 0
+    assert after < 9, f"requeued only after {after:.1f} s: the lease was not handed back"
+    assert all(not Path(f"/proc/{p}").exists() for p in victim["pids"])
+    name = victim["worker"].root.name
+    stack.workers.remove(victim["worker"])
+    stack.add_worker(name)
+
+
+def test_worker_restarted_under_its_name_gets_its_job_requeued_at_once(stack):
+    """SIGKILL and an immediate restart with the same bot ids: the new CreateBotSession closes the
+    old session and BuildGrid queues its job again at once (REMOTE-EXEC.md fault 2)."""
+    c = Client(stack.url)
+    marker = f"restarted-{uuid.uuid4().hex}"
+
+    def kill_and_restart(worker):
+        worker.kill()
+        stack.workers.remove(worker)
+        stack.add_worker(worker.root.name)
+    response, victim, after = _run_and_hit_worker(stack, c, marker, kill_and_restart)
+    assert response.status.code == 0 and response.result.exit_code == 0
+    assert after < 9.5, f"done {after:.1f} s after the kill: requeued by expiry, not by the restart"
+    assert all(not Path(f"/proc/{p}").exists() for p in victim["pids"])
+
+
 def _descends(pids: set[int], ancestor: int) -> bool:
     """Whether any of `pids` has `ancestor` among its parents."""
     for pid in pids:

@@ -355,8 +355,8 @@ class Worker:
         env = {e.name: e.value for e in command.environment_variables}
         stdout, stderr = lease_dir / "stdout", lease_dir / "stderr"
         timeout = action.timeout.ToTimedelta().total_seconds() if action.HasField("timeout") else None
-        if cancelled.is_set():
-            return _status(CANCELLED, "lease cancelled before the action started"), None
+        if cancelled.is_set() or self.stopping.is_set():
+            return _status(CANCELLED, "lease cancelled (or the worker stopping) before the action started"), None
         meta.execution_start_timestamp.GetCurrentTime()
         proc = Process(options, list(command.arguments), env, stdout, stderr)
         key = id(proc)
