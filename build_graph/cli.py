@@ -33,14 +33,16 @@ def default_max_mem_mb() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8 / (1 << 20))
 
 
-def _workspace(args) -> Workspace:
+def _workspace(args, create: bool = True) -> Workspace:
+    """The workspace, parsed or as last kept (store/parsed.py); `create=False`: a reader's, which
+    makes no state file in a cache that has none."""
     from build_graph.graph import checked
-    from build_graph.roots import records_dir, workspace_root
+    from build_graph.roots import state_file, workspace_root
     from build_graph.store import parsed
     from build_graph.workspace import load
 
     root = workspace_root(args.workspace)
-    return parsed.load(root, lambda root: checked(load(root)), records_dir(args.cache_dir, root))
+    return parsed.load(root, lambda root: checked(load(root)), state_file(args.cache_dir, root), create)
 
 
 def cmd_build(args, console: Console) -> int:
@@ -54,9 +56,10 @@ def cmd_build(args, console: Console) -> int:
     from build_graph.errors import PlanError
     from build_graph.profile import writable_profile_path
     from build_graph.report import RichReporter, print_summary
+    from build_graph.store.uptodate import Recording
     from build_graph.workspace import host_platform, remote_settings
 
-    recording = noop.Recording(asked, _flag_cache(args, asked.root), previous) if asked is not None else None
+    recording = Recording(asked, _flag_cache(args, asked.root), previous) if asked is not None else None
     overridden = noop.overridden(args)
     if overridden is not None:  # this build relinks bgraph-out/ and records nothing: the old record goes
         noop.drop(overridden)
@@ -112,8 +115,8 @@ def cmd_build(args, console: Console) -> int:
     if not result.failures and not options.dry_run:
         links = engine.link_outputs(result, ws.root / "bgraph-out")
         summary["outputs"] = {k: str(v) for k, v in links.items()}
-        if recording is not None:
-            recording.finish(cache, summary, links, engine.probed_host_tools(), result.memo)
+        if recording is not None:  # the stored answer the next build's fast path asks (noop.py)
+            engine.remember(recording, result, summary, links)
     if result.profile is not None:
         result.profile.write(profile_path)
     for err in result.failures:
@@ -181,13 +184,14 @@ def _answered(command: str, args, parts: dict, compute) -> int:
     import io
 
     from build_graph import noop
+    from build_graph.store.uptodate import Recording
 
     asked = noop.answer_request(args, command, parts)
     replayed = noop.replay(asked) if asked is not None else None
     if replayed is not None:
         sys.stdout.write(replayed[0])
         return replayed[1]
-    recording = noop.Recording(asked, skip=_flag_cache(args, asked.root)) if asked is not None else None
+    recording = Recording(asked, skip=_flag_cache(args, asked.root)) if asked is not None else None
     ws = _workspace(args)
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
@@ -214,7 +218,7 @@ def _query(ws: Workspace, args) -> int:
 
 def cmd_why(args, console: Console) -> int:
     if not args.dest.startswith("//"):  # a patch or a file: down to the actions of the last build that read it
-        return _why_file(args, _workspace(args))
+        return _why_file(args, _workspace(args, create=False))
     return _answered("why", args, {"source": args.source, "dest": args.dest}, lambda ws: _why_labels(ws, args))
 
 
@@ -284,7 +288,7 @@ def cmd_explain(args, console: Console) -> int:
     from build_graph.report import render_explain
     from build_graph.store.trace import Trace
 
-    ws = _workspace(args)
+    ws = _workspace(args, create=False)
     asked = parse_label(args.label)
     ws.target(asked)
     base = cache_dir(ws, args.cache_dir) / "v1" / Digester(ws.digest_function).name

@@ -277,3 +277,14 @@ class Engine:
         # without this save, the next build re-hashes every blob of a newly linked output.
         self.cas.save_stamps()
         return links
+
+    def remember(self, recording: Any, result: BuildResult, summary: dict[str, Any], links: dict[str, Path]) -> None:
+        """File what this successful build decided, for the fast paths of the next (noop.py): the
+        no-op record (`recording`, a store.uptodate.Recording) and the per-target memo, one row of
+        the state file; where the build cannot be recorded, the request's old row goes."""
+        from build_graph.store import memo
+
+        record = recording.of_build(self.cache_dir, summary, links, self.probed_host_tools())
+        entries = memo.encode(result.memo, record.files) if record is not None and result.memo else None
+        self.state.put_record(recording.request.digest, record and record.to_bytes(), entries,
+                              recording.request.family)

@@ -47,21 +47,26 @@ def cache_root(flag: str | None, root: Path, configured: str | None) -> Path:
     return path
 
 
-def records_dir(flag: str | None, root: Path) -> Path | None:
-    """Where the no-op records of this workspace's builds are kept: `<cache>/v1/uptodate`, the cache
-    chosen as the build will choose it (WORKSPACE.toml's [defaults] cache_dir read with tomllib
+def state_file(flag: str | None, root: Path) -> Path | None:
+    """The cache's state file, where the no-op records, memos and kept parses of this workspace's
+    builds are rows (store/statefile.py): `<cache>/v1/<digest-fn>/state-v2.sqlite`, the cache and
+    digest function chosen as the build will choose them (WORKSPACE.toml read with tomllib
     alone); None where WORKSPACE.toml cannot be read (the build reports it)."""
-    configured = None
-    if chosen_cache(flag, root) is None:
-        import tomllib
-        try:
-            with open(root / "WORKSPACE.toml", "rb") as f:
-                configured = tomllib.load(f).get("defaults", {}).get("cache_dir")
-        except (OSError, tomllib.TOMLDecodeError, AttributeError):
-            return None
-        if configured is not None and not isinstance(configured, str):
-            return None
-    return cache_root(flag, root, configured) / "v1" / "uptodate"
+    import tomllib
+
+    from build_graph.store.statefile import STATE_FILE
+    try:
+        data = (root / "WORKSPACE.toml").read_bytes()
+        # Parsed only where it can choose something here (tomllib is pure Python: 12 ms for this
+        # repository's). A wrong file costs speed only: a record holds while WORKSPACE.toml's stamp does.
+        raw = tomllib.loads(data.decode()) if chosen_cache(flag, root) is None or b"digest_function" in data else {}
+        configured = None if chosen_cache(flag, root) else raw.get("defaults", {}).get("cache_dir")
+        digest_function = raw.get("workspace", {}).get("digest_function", "blake3")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    if not (configured is None or isinstance(configured, str)) or digest_function not in ("blake3", "sha256"):
+        return None
+    return cache_root(flag, root, configured) / "v1" / digest_function / STATE_FILE
 
 
 def user_config_path() -> Path:

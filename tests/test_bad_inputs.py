@@ -124,7 +124,11 @@ def test_a_file_name_that_is_not_utf8(make_ws):
 def test_a_damaged_record_memo_or_kept_parse_is_ignored(make_ws):
     ws = make_ws({"targets/p.toml": GENRULE})
     assert ws.cli("build", "//p:a").rc == 0
-    for p in (ws.cache / "v1" / "uptodate").iterdir():
-        p.write_bytes(b"\x00garbage{")
+    import sqlite3
+
+    from build_graph.store.statefile import STATE_FILE
+    with sqlite3.connect(ws.store / STATE_FILE) as db:  # the rows of the record, the memo and the kept parse
+        db.execute("UPDATE records SET record = ?, memo = ?", (b"\x00garbage{", b"\x00garbage{"))
+        db.execute("UPDATE parses SET parse = ?", (b"\x00garbage{",))
     run = ws.cli("build", "//p:a")
     assert run.rc == 0 and "Traceback" not in run.output, run.output

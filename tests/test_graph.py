@@ -96,10 +96,10 @@ def test_the_cycle_check_is_kept_with_the_parse_and_a_cycle_is_never_marked(make
     for _ in range(2):  # the parse, then the kept one: the build still checks and names the cycle
         run = cyclic.build("//p:a")
         assert run.rc == 2 and "dependency cycle: //p:a -> //p:b -> //p:a" in run.stderr
-    records = cyclic.cache / "v1" / "uptodate"
-    assert parsed.kept_path(records, cyclic.root.resolve()).exists()
+    from build_graph.store.statefile import STATE_FILE, StateFile
+    assert StateFile(cyclic.store / STATE_FILE).parse(str(cyclic.root.resolve())) is not None
     assert ok.cli("query", "//...").rc == 0
-    assert parsed.load(ok.root, lambda root: None, ok.cache / "v1" / "uptodate").acyclic
+    assert parsed.load(ok.root, lambda root: None, ok.store / STATE_FILE).acyclic
 
 
 def test_graph_functions(diamond):

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
-from pathlib import Path
 
 from bgraph_testlib import requires_bwrap
 from test_noop import age, build
 
-from build_graph import noop
 from build_graph.incremental import filestate
 from build_graph.model import FileEntry, TargetOutput, Tree
 from build_graph.store import memo, uptodate
+from build_graph.store.statefile import STATE_FILE
 
 pytestmark = requires_bwrap
 
@@ -189,23 +189,29 @@ def test_a_collected_cache_takes_the_full_path(make_ws):
     build(ws, "//p:c")  # another request: :top's output stays rooted, :a's and :b's do not
     gc = ws.cli("cache", "gc")
     assert gc.rc == 0 and "removed 0 action-cache entries, 0 blobs" not in gc.stdout, gc.output
-    assert not list((ws.cache / "v1" / "uptodate").iterdir())  # none could hold: dropped with what was collected
+    assert not _rows(ws, "SELECT memo FROM records")  # none could hold: dropped with what was collected
     run = edited(ws, {"c.txt": "e\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ne\n"
 
 
+def _rows(ws, sql: str, args: tuple = ()) -> list:
+    """Rows of the workspace's cache's state file (store/statefile.py), written back by `sql` when it changes them."""
+    [path] = (ws.cache / "v1").glob(f"*/{STATE_FILE}")
+    with sqlite3.connect(path) as db:
+        return db.execute(sql, args).fetchall()
+
+
 def test_a_damaged_or_foreign_memo_is_ignored(make_ws):
     ws = ready(make_ws)
-    [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
-    path.write_bytes(b"\x80not JSON")
+    _rows(ws, "UPDATE records SET memo = ?", (b"\x80not JSON",))
     run = edited(ws, {"c.txt": "f\n"})
     assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\nf\n"
-    # a memo written for another record (a crash between the two writes) is not used either
-    [path] = (ws.cache / "v1" / "uptodate").glob("*.memo")
-    raw = json.loads(path.read_bytes())
-    path.write_text(json.dumps({**raw, "name": "another-record"}))
-    run = edited(ws, {"c.txt": "g\n"})
-    assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == "2\ng\n"
+    # a memo of another bgraph (another format), or one whose entries are not entries
+    [(row,)] = _rows(ws, "SELECT memo FROM records")
+    for bad in ({**json.loads(row), "format": memo.FORMAT - 1}, {"format": memo.FORMAT, "entries": {"//p:a": [1]}}):
+        _rows(ws, "UPDATE records SET memo = ?", (json.dumps(bad).encode(),))
+        run = edited(ws, {"c.txt": f"g{len(str(bad))}\n"})
+        assert reused(run) == 0 and ws.read_output("//p:top", "top.txt") == f"2\ng{len(str(bad))}\n"
 
 
 def _entry(*sources: str) -> memo.Entry:
@@ -224,18 +230,18 @@ def test_a_collection_after_the_check_stops_the_reuse(tmp_path):
 
 def test_an_entry_is_reused_only_while_its_sources_and_the_scan_allow(tmp_path):
     entries = {"//p:a": _entry("a.txt"), "//p:v": _entry("__pycache__/x.pyc")}
-    marked = noop._volatile_marked(entries, {"a.txt": [1, 2, 3]})
+    marked = memo.decode(memo.encode(entries, {"a.txt": [1, 2, 3]}))
     assert not marked["//p:a"].volatile and marked["//p:v"].volatile  # its source is outside the scan
     reuse = memo.Reuse(marked, {"a.txt"}, tmp_path / "generation", None)
     assert reuse.entry("//p:a") is None and reuse.entry("//p:v") is None
     assert memo.Reuse(marked, {"c.txt"}, tmp_path / "generation", None).entry("//p:a") is marked["//p:a"]
 
 
-def test_a_memo_is_read_only_by_the_record_that_names_it(tmp_path):
-    memo.save(tmp_path, "d" * 32, "one", {"//p:a": _entry("a.txt")})
-    assert memo.load(tmp_path, "d" * 32, "one")["//p:a"].sources == ("a.txt",)
-    assert memo.load(tmp_path, "d" * 32, "two") is None and memo.load(tmp_path, "d" * 32, "") is None
-    assert isinstance(memo.path(tmp_path, "d" * 32), Path)
+def test_a_memo_that_cannot_be_kept_or_read_is_none():
+    assert memo.encode({"//p:a": _entry("a.txt")}, {"a.txt": [1]}) is not None
+    unkept = memo.Entry(("a.txt",), TargetOutput(Tree({}), {"x": object()}), ())
+    assert memo.encode({"//p:a": unkept}, {}) is None  # not JSON: no memo (the full path next time)
+    assert all(memo.decode(bad) is None for bad in (None, b"", b"\x80", b"[]", b'{"format": 4}'))
 
 
 def test_the_memo_is_json_and_round_trips_outputs_with_trees(tmp_path):
@@ -246,7 +252,6 @@ def test_the_memo_is_json_and_round_trips_outputs_with_trees(tmp_path):
     out = TargetOutput(Tree({"o": FileEntry("0" * 64, 1)}), {"system_root": system, "archs": ("12.0a",), "n": [1]})
     entry = memo.Entry(("a.txt",), out, (("run", "Genrule", "k" * 64),), ("//p:d",),
                        None, definition="d")
-    memo.save(tmp_path, "r", "name", {"//p:x": entry})
-    assert json.loads((tmp_path / "r.memo").read_bytes())["format"] == memo.FORMAT
-    assert memo.load(tmp_path, "r", "name") == {"//p:x": entry}
-    assert memo.load(tmp_path, "r", "other") is None
+    data = memo.encode({"//p:x": entry}, {"a.txt": [1]})
+    assert json.loads(data)["format"] == memo.FORMAT
+    assert memo.decode(data) == {"//p:x": entry}

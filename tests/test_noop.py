@@ -4,6 +4,7 @@ loading the workspace, and every change that could alter a build's result takes 
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from bgraph_testlib import requires_bwrap
 from build_graph import noop
 from build_graph.incremental import filestate
 from build_graph.store import uptodate
+from build_graph.store.statefile import STATE_FILE, StateFile
 
 pytestmark = requires_bwrap
 
@@ -38,9 +40,10 @@ def age(root: Path, seconds: float = 30) -> None:
     time.sleep(filestate.RACY_NS / 1e9 + 0.05)
 
 
-def records(ws):
-    """The no-op records kept for this workspace's requests (in its cache)."""
-    return (ws.cache / "v1" / "uptodate").glob("*.json")
+def records(ws) -> list[bytes]:
+    """The no-op records kept for this workspace's requests (rows of its cache's state file)."""
+    return [r for p in (ws.cache / "v1").glob(f"*/{STATE_FILE}")
+            for (r,) in sqlite3.connect(p).execute("SELECT record FROM records")]
 
 
 def build(ws, *targets: str):
@@ -121,13 +124,13 @@ def test_an_edit_while_the_build_runs_leaves_no_record(tmp_path):
     (tmp_path / "WORKSPACE.toml").write_text("")
     (tmp_path / "f.txt").write_text("1")
     age(tmp_path)
-    asked = noop.Request(tmp_path, "d" * 32, tmp_path / "cache" / "v1" / "uptodate")
-    recording = noop.Recording(asked)
+    asked = noop.Request(tmp_path, "d" * 32, tmp_path / "cache" / "v1" / "blake3" / STATE_FILE)
+    recording = uptodate.Recording(asked)
     (tmp_path / "f.txt").write_text("2")  # after the scan, before the build read it (or after)
     age(tmp_path, 10)
     recording.remember("answer\n", 0, tmp_path / "cache")
-    assert uptodate.load(asked.store, asked.digest) is None
-    recording = noop.Recording(asked)
+    assert uptodate.load(StateFile(asked.state), asked.digest) is None
+    recording = uptodate.Recording(asked)
     recording.remember("answer\n", 0, tmp_path / "cache")
     assert noop.replay(asked) == ("answer\n", 0)
 
@@ -162,7 +165,7 @@ def test_a_why_answer_is_recorded_with_the_cache_inside_the_workspace(make_ws, t
     assert first.rc == 0 and "//p:a" in first.stdout
     kept = list(records(ws))
     assert len(kept) == 2  # the build's and the why's
-    assert all("cache/" not in p for r in kept for p in uptodate.Record.from_bytes(r.read_bytes()).files)
+    assert all("cache/" not in p for r in kept for p in uptodate.Record.from_bytes(r).files)
     assert ws.cli("why", "//p:b", "//p:a").stdout == first.stdout
 
 
@@ -183,26 +186,28 @@ def test_removed_output_links_are_put_back_from_the_record(make_ws):
 
 def test_a_link_put_back_is_checked_against_a_collection_that_ran_meanwhile(make_ws):
     ws = ready(make_ws, "//p:b")
-    [path] = records(ws)
-    record = uptodate.Record.from_bytes(path.read_bytes())
+    [row] = records(ws)
+    record = uptodate.Record.from_bytes(row)
     (ws.root / "bgraph-out/p/b").unlink()
-    layout = path.parent.parent  # <cache>/v1, where the records are kept
+    layout = ws.cache / "v1"
     uptodate.bump_generation(layout)  # as a gc between the checks and the relink would
     assert uptodate.restore_links(record, layout) is None
 
 
-def test_records_live_in_the_cache_the_build_will_choose(tmp_path, monkeypatch):
-    from build_graph.roots import records_dir
+def test_records_live_in_the_state_file_the_build_will_choose(tmp_path, monkeypatch):
+    from build_graph.roots import state_file
 
     monkeypatch.delenv("BGRAPH_CACHE", raising=False)
     (tmp_path / "WORKSPACE.toml").write_text('[workspace]\nname = "t"\n[defaults]\ncache_dir = "c"\n')
-    assert records_dir(None, tmp_path) == tmp_path / "c" / "v1" / "uptodate"
-    assert records_dir("/elsewhere", tmp_path) == Path("/elsewhere/v1/uptodate")
+    assert state_file(None, tmp_path) == tmp_path / "c" / "v1" / "blake3" / STATE_FILE
+    assert state_file("/elsewhere", tmp_path) == Path("/elsewhere/v1/blake3") / STATE_FILE
     monkeypatch.setenv("BGRAPH_CACHE", str(tmp_path / "e"))
-    assert records_dir(None, tmp_path) == tmp_path / "e" / "v1" / "uptodate"
+    assert state_file(None, tmp_path) == tmp_path / "e" / "v1" / "blake3" / STATE_FILE
+    (tmp_path / "WORKSPACE.toml").write_text('[workspace]\nname = "t"\ndigest_function = "sha256"\n')
+    assert state_file(None, tmp_path) == tmp_path / "e" / "v1" / "sha256" / STATE_FILE
     monkeypatch.delenv("BGRAPH_CACHE")
     (tmp_path / "WORKSPACE.toml").write_text("[defaults\n")  # the build reports it; no record is used
-    assert records_dir(None, tmp_path) is None
+    assert state_file(None, tmp_path) is None
 
 
 def test_a_json_no_op_lists_every_action_as_a_hit(make_ws):

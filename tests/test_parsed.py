@@ -1,5 +1,5 @@
-"""The parsed workspace kept between commands (store/parsed.py): kept in the cache as JSON (never
-a pickle, never in the workspace), used only while WORKSPACE.toml, every targets/**/*.toml and
+"""The parsed workspace kept between commands (store/parsed.py): kept in the cache as JSON, a row
+of its state file (never a pickle, never in the workspace), used only while WORKSPACE.toml, every targets/**/*.toml and
 bgraph's code keep their file-state stamps."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from bgraph_testlib import REPO, TOOLCHAINS_TOML, WORKSPACE_TOML
 from build_graph.incremental import filestate
 from build_graph.store import parsed
 from build_graph.store.memo import definition_of
+from build_graph.store.statefile import STATE_FILE, StateFile
 from build_graph.workspace import load
 
 FILES = {"WORKSPACE.toml": WORKSPACE_TOML, "targets/toolchains.toml": TOOLCHAINS_TOML,
@@ -43,56 +44,66 @@ def counting():
 
 
 def test_the_kept_parse_is_used_until_a_target_file_changes(tmp_path):
-    ws, records = tmp_path / "ws", tmp_path / "records"
+    ws, state = tmp_path / "ws", tmp_path / "cache" / STATE_FILE
     write(ws, FILES)
     settle()
     parse, calls = counting()
-    first = parsed.load(ws, parse, records)
-    again = parsed.load(ws, parse, records)
+    first = parsed.load(ws, parse, state)
+    again = parsed.load(ws, parse, state)
     assert len(calls) == 1 and list(again.targets) == list(first.targets)
     assert not (ws / "bgraph-out").exists()  # nothing is kept in the workspace
     write(ws, {"targets/p.toml": FILES["targets/p.toml"] + '\n[b]\nkind = "genrule"\nouts = ["b"]\ncmd = "true"\n'},
           age=20)
     settle()
-    assert {"//p:a", "//p:b"} <= set(map(str, parsed.load(ws, parse, records).targets)) and len(calls) == 2
+    assert {"//p:a", "//p:b"} <= set(map(str, parsed.load(ws, parse, state).targets)) and len(calls) == 2
     write(ws, {"targets/q/more.toml": '[c]\nkind = "genrule"\nouts = ["c"]\ncmd = "true"\n'}, age=10)
     settle()
-    assert "//q/more:c" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 3
-    parsed.load(ws, parse, records)
+    assert "//q/more:c" in map(str, parsed.load(ws, parse, state).targets) and len(calls) == 3
+    parsed.load(ws, parse, state)
     assert len(calls) == 3
 
 
 def test_a_same_size_rewrite_with_its_mtime_put_back_is_seen(tmp_path):
-    ws, records = tmp_path / "ws", tmp_path / "records"
+    ws, state = tmp_path / "ws", tmp_path / "cache" / STATE_FILE
     write(ws, FILES)
     settle()
     parse, calls = counting()
-    parsed.load(ws, parse, records)
+    parsed.load(ws, parse, state)
     target = ws / "targets/p.toml"
     st = target.stat()
     with open(target, "r+") as f:  # in place: the same inode and size
         f.write(FILES["targets/p.toml"].replace('"a"', '"z"'))
     os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
     settle()
-    ws_now = parsed.load(ws, parse, records)
+    ws_now = parsed.load(ws, parse, state)
     assert len(calls) == 2 and ws_now.targets[next(iter(ws_now.targets))].attrs is not None
     assert any(t.attrs.model_dump().get("outs") == ["z"] for t in ws_now.targets.values())
 
 
 def test_a_fresh_file_or_a_damaged_kept_parse_means_parsing(tmp_path):
-    ws, records = tmp_path / "ws", tmp_path / "records"
+    ws, state = tmp_path / "ws", tmp_path / "cache" / STATE_FILE
     write(ws, FILES, age=0)  # written now: its stamp may not change on the next write
     parse, calls = counting()
-    parsed.load(ws, parse, records)
-    parsed.load(ws, parse, records)
+    parsed.load(ws, parse, state)
+    parsed.load(ws, parse, state)
     assert len(calls) == 2
     settle()
-    parsed.load(ws, parse, records)
-    kept = parsed.kept_path(records, ws.resolve())
-    kept.write_bytes(b"not JSON")
-    assert "//p:a" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 4
-    kept.write_bytes(b'{"inputs": 1}')
-    assert "//p:a" in map(str, parsed.load(ws, parse, records).targets) and len(calls) == 5
+    parsed.load(ws, parse, state)  # parsed, and kept
+    assert len(calls) == 3 and StateFile(state).parse(str(ws.resolve())) is not None
+    for n, damaged in enumerate((b"not JSON", b'{"inputs": 1}', b"[]"), start=4):
+        StateFile(state).put_parse(str(ws.resolve()), damaged)
+        assert "//p:a" in map(str, parsed.load(ws, parse, state).targets) and len(calls) == n
+
+
+def test_a_reader_keeps_no_parse_in_a_cache_with_no_state_file(tmp_path):
+    """A command that only reads (`why`, `explain` before any build) makes no state file."""
+    ws, state = tmp_path / "ws", tmp_path / "cache" / STATE_FILE
+    write(ws, FILES)
+    settle()
+    parse, calls = counting()
+    parsed.load(ws, parse, state, create=False)
+    parsed.load(ws, parse, state, create=False)
+    assert len(calls) == 2 and not state.exists()
 
 
 class _Boom:
@@ -102,25 +113,25 @@ class _Boom:
 
 def test_a_pickle_shipped_in_the_workspace_is_never_loaded(tmp_path, monkeypatch):
     """Issue 33 item 7: `bgraph-out/.uptodate/workspace.pickle` was unpickled by every command."""
-    ws, records = tmp_path / "ws", tmp_path / "records"
+    ws, state = tmp_path / "ws", tmp_path / "cache" / STATE_FILE
     write(ws, FILES)
     (ws / "bgraph-out" / ".uptodate").mkdir(parents=True)
     (ws / "bgraph-out" / ".uptodate" / "workspace.pickle").write_bytes(pickle.dumps(_Boom()))
     monkeypatch.chdir(tmp_path)
     parse, calls = counting()
-    parsed.load(ws, parse, records)
+    parsed.load(ws, parse, state)
     parsed.load(ws, parse, None)
     assert not (tmp_path / "PWNED").exists()
-    assert not any(p.suffix == ".pickle" for p in records.rglob("*"))
+    assert not any(p.suffix == ".pickle" for p in state.parent.rglob("*"))
 
 
 def test_the_repository_workspace_round_trips_exactly(tmp_path):
     """A kept parse validates to the same models: every target's definition digest (what the memo
     compares) is the one of a fresh parse."""
-    records = tmp_path / "records"
+    rows, root = StateFile(tmp_path / "cache" / STATE_FILE), Path(REPO).resolve()
     fresh = load(Path(REPO))
-    parsed._keep(parsed.kept_path(records, Path(REPO).resolve()), parsed._inputs(Path(REPO).resolve()), fresh)
-    kept = parsed._read(parsed.kept_path(records, Path(REPO).resolve()), parsed._inputs(Path(REPO).resolve()))
+    parsed._keep(rows, parsed._inputs(root), fresh)
+    kept = parsed._read(rows.parse(str(root)), parsed._inputs(root))
     assert kept is not None
     assert kept.model == fresh.model
     assert {str(k): definition_of(t) for k, t in kept.targets.items()} == \

@@ -1,6 +1,7 @@
 """The per-target memo: what each configured target of the last successful build of a request
-read from the workspace, what it produced and which actions it took, kept beside that build's
-no-op record (`<cache>/v1/uptodate/<request>.memo`).
+read from the workspace, what it produced and which actions it took, kept in the same row of the
+cache's state file as that build's no-op record (store/statefile.py, `records.memo`), filed by
+the engine at the end of the build (Engine.remember).
 
 The no-op record answers "did anything change"; the memo answers "what does this change reach".
 When only the contents of workspace files changed since the record (no file added or removed,
@@ -26,27 +27,25 @@ A request with no record of its own (a first build of these targets) takes the m
 build of its family: the same workspace, cache and configuration, other targets (`noop.Request.
 family`). Its targets are then checked one by one, like after a target-file edit.
 
-The memo names the record it belongs to; a memo whose record was replaced (a crash between the
-two writes, a concurrent build) is not used. A damaged or foreign memo is ignored. It is JSON
-(orjson), never a pickle: reading bgraph's state runs no code, whoever wrote the cache.
+The memo and its record are written in one transaction, so a memo is always its record's (a
+killed or concurrent build leaves both old or both new). A damaged or foreign memo is ignored.
+It is JSON (orjson), never a pickle: reading bgraph's state runs no code, whoever wrote the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from graphlib import TopologicalSorter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from build_graph.store.atomic import write_bytes
-
 if TYPE_CHECKING:  # not imported by a no-op
     from build_graph.model import TargetOutput
 
-FORMAT = 3  # 3: JSON
+FORMAT = 4  # 3: JSON; 4: a row beside its record (no name)
 
 @dataclass(frozen=True)
 class Entry:
@@ -66,10 +65,6 @@ def definition_of(target: Any) -> str:
     attribute with its default): two targets with one digest plan alike."""
     head = f"{target.label}\0{target.kind}\0{target.file}\0{target.table}\0".encode()
     return hashlib.sha256(head + target.attrs.model_dump_json().encode()).hexdigest()
-
-
-def path(store: Path, digest: str) -> Path:
-    return store / f"{digest}.memo"
 
 
 def encode_node(node: Any, edges: dict) -> list:
@@ -144,31 +139,29 @@ def _decode_entry(raw: list) -> Entry:
                  tuple(tuple(a) for a in actions), tuple(deps), node, bool(volatile), definition)
 
 
-def save(store: Path, digest: str, name: str, entries: dict[str, Entry]) -> None:
-    """Write the memo of the record called `name` (str(configured target) -> entry)."""
-    store.mkdir(parents=True, exist_ok=True)
-    write_bytes(path(store, digest), orjson.dumps(
-        {"format": FORMAT, "name": name, "entries": {k: _encode_entry(e) for k, e in entries.items()}}))
+def encode(entries: dict[str, Entry], scanned: dict[str, Any]) -> bytes | None:
+    """The memo's row (str(configured target) -> entry), each entry with a source outside the
+    workspace scan `scanned` (whose changes no stamp shows) marked never to be reused; None where
+    an output cannot be kept (its target then takes the full path next time, like every other)."""
+    try:
+        return orjson.dumps({"format": FORMAT, "entries": {
+            k: _encode_entry(e if e.volatile or all(p in scanned for p in e.sources) else replace(e, volatile=True))
+            for k, e in entries.items()}})
+    except (TypeError, ValueError, AttributeError, orjson.JSONEncodeError):
+        return None
 
 
-def load(store: Path, digest: str, name: str) -> dict[str, Entry] | None:
-    """The memo of the record called `name`, if it is there, whole and of this bgraph."""
-    if not name:
+def decode(data: Any) -> dict[str, Entry] | None:
+    """The entries `encode` wrote, if they are whole and of this bgraph."""
+    if data is None:
         return None
     try:
-        raw = orjson.loads(path(store, digest).read_bytes())
-        if raw["format"] != FORMAT or raw["name"] != name:
+        raw = orjson.loads(data)
+        if raw["format"] != FORMAT:
             return None
         return {k: _decode_entry(e) for k, e in raw["entries"].items()}
-    except Exception:  # noqa: BLE001 - missing, damaged, or another bgraph's: every target takes the full path
+    except Exception:  # noqa: BLE001 - damaged, or another bgraph's: every target takes the full path
         return None
-
-
-def forget(store: Path, digest: str) -> None:
-    try:
-        path(store, digest).unlink()
-    except OSError:
-        pass
 
 
 @dataclass

@@ -2,16 +2,17 @@
 file (tomllib is pure Python: about 0.6 ms per one-line target), and its result is a function of
 WORKSPACE.toml, targets/**/*.toml and bgraph's code alone.
 
-It is kept in the cache, never in the workspace (a checkout could ship one), as JSON: the
+It is kept in the cache, never in the workspace (a checkout could ship one), as a row of the
+cache's state file (store/statefile.py, `parses`, by workspace root) holding JSON: the
 validated models dumped by pydantic and validated again on load, so nothing kept is executed or
 unpickled. A kept parse is used while the file-state stamp (incremental/filestate.py) of each of
 those files holds; a load during which one of them was racily clean is not kept. A damaged,
-foreign or unreadable one is ignored (the workspace is parsed).
+foreign or unreadable one is ignored (the workspace is parsed). A command that only reads
+(explain, why) keeps none in a cache that has no state file yet.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -21,12 +22,12 @@ import orjson
 
 from build_graph.incremental import filestate
 from build_graph.store import uptodate
-from build_graph.store.atomic import write_bytes
+from build_graph.store.statefile import StateFile
 
 if TYPE_CHECKING:
     from build_graph.workspace import Workspace
 
-FORMAT = 1
+FORMAT = 2  # 2: a row of the state file
 
 
 def _inputs(root: Path) -> dict[str, Any]:
@@ -36,37 +37,33 @@ def _inputs(root: Path) -> dict[str, Any]:
             "files": {str(p): filestate.stamp(p) for p in [*files, *map(Path, uptodate.code_files())]}}
 
 
-def kept_path(records: Path, root: Path) -> Path:
-    """Where the parse of the workspace at `root` is kept: beside the cache's no-op records."""
-    return records / f"{hashlib.sha256(str(root).encode()).hexdigest()[:32]}.parsed"
-
-
-def load(root: Path, parse, records: Path | None) -> Workspace:
+def load(root: Path, parse, state: Path | None, create: bool = True) -> Workspace:
     """`parse(root)`, or the kept result of the last parse while none of its inputs changed;
-    `records` is the cache's record directory (None: nothing is kept)."""
+    `state` is the cache's state file (None: nothing is kept; `create=False`: a reader's, which
+    keeps nothing where the file is missing)."""
     root = root.resolve()
     started = time.time_ns()
     inputs = _inputs(root)
-    path = kept_path(records, root) if records is not None else None
-    if path is not None:
-        kept = _read(path, inputs)
+    rows = StateFile(state, create) if state is not None else None
+    if rows is not None:
+        kept = _read(rows.parse(str(root)), inputs)
         if kept is not None:
             return kept
     workspace = parse(root)
-    if path is not None and not any(s is None or filestate.racy(s, started) for s in inputs["files"].values()):
-        _keep(path, inputs, workspace)
+    if rows is not None and not any(s is None or filestate.racy(s, started) for s in inputs["files"].values()):
+        _keep(rows, inputs, workspace)
     return workspace
 
 
-def _read(path: Path, inputs: dict[str, Any]) -> Workspace | None:
-    from pydantic import ValidationError
-
+def _read(data: bytes | None, inputs: dict[str, Any]) -> Workspace | None:
     from build_graph.labels import parse_label
     from build_graph.rules.registry import RULES
     from build_graph.workspace import Target, Workspace, WorkspaceModel
 
+    if data is None:
+        return None
     try:
-        raw = orjson.loads(path.read_bytes())
+        raw = orjson.loads(data)
         if raw.get("inputs") != orjson.loads(orjson.dumps(inputs)):
             return None
         targets = {}
@@ -75,20 +72,18 @@ def _read(path: Path, inputs: dict[str, Any]) -> Workspace | None:
             targets[label] = Target(label, kind, RULES[kind].attrs.model_validate(attrs), file, table)
         return Workspace(Path(inputs["root"]), WorkspaceModel.model_validate(raw["model"]), targets,
                          acyclic=bool(raw["acyclic"]))
-    except (OSError, orjson.JSONDecodeError, ValidationError, KeyError, TypeError, ValueError, AttributeError):
-        return None  # missing, damaged, or written by another bgraph: parse
-    except Exception:  # noqa: BLE001 - a label that no longer parses, or any other surprise: parse
+    except Exception:  # noqa: BLE001 - damaged, another bgraph's, a label that no longer parses: parse
         return None
 
 
-def _keep(path: Path, inputs: dict[str, Any], workspace: Workspace) -> None:
+def _keep(rows: StateFile, inputs: dict[str, Any], workspace: Workspace) -> None:
     try:
         data = {"inputs": inputs,
                 "model": workspace.model.model_dump(mode="json", by_alias=True),
                 "targets": [[str(t.label), t.kind, t.attrs.model_dump(mode="json", by_alias=True), t.file, t.table]
                             for t in workspace.targets.values()],
                 "acyclic": workspace.acyclic}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes(path, orjson.dumps(data))
-    except (OSError, TypeError, ValueError):
-        pass  # not kept: the next command parses again
+        encoded = orjson.dumps(data)
+    except (TypeError, ValueError):
+        return  # not kept: the next command parses again
+    rows.put_parse(inputs["root"], encoded)

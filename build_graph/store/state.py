@@ -1,8 +1,8 @@
 """The build state: one indexed file per cache instead of files per target (like Ninja's
 `.ninja_log` and `.ninja_deps`), so a no-op build opens one file, not three per target.
 
-    <cache>/v1/<digest-fn>/state-v1.sqlite    (WAL mode; see docs/engine-state.md)
-      meta(name, value)                        schema version
+    <cache>/v1/<digest-fn>/state-v2.sqlite    (WAL mode; see docs/engine-state.md; the file, its
+                                               schema and the fast paths' rows: statefile.py)
       results(key, result, tree)               action key -> ActionResult JSON and its output
                                                tree inline (small trees), as last filed or used
       traces(label, digest, trace)             per target: what `trace/<label>.json` held, and
@@ -19,7 +19,6 @@ state file has another schema version is read as having none (it is rebuilt as b
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ import orjson
 
 from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree
 from build_graph.store.listing import MissListing
+from build_graph.store.statefile import SCHEMA, STATE_FILE, StateFile
 
-SCHEMA = "1"  # bump on any change of the tables or of the encodings below
-STATE_FILE = f"state-v{SCHEMA}.sqlite"
+__all__ = ["SCHEMA", "STATE_FILE", "BuildState", "decode_tree", "encode_tree"]
 INLINE_ENTRIES = 256  # an output tree up to this size is kept in its row (else read from dirs/)
 FLUSH_S = 2.0  # write buffered rows at most this long after the first (a killed build loses less)
 
@@ -57,59 +56,19 @@ def decode_tree(raw: bytes) -> Tree:
     return Tree.from_checked(entries)
 
 
-class BuildState:
+class BuildState(StateFile):
     """The state file of one cache layout: lookups go to SQLite, writes are buffered and
     flushed in one transaction (at the latest FLUSH_S after they start, and at close)."""
 
     def __init__(self, path: Path, create: bool = True):
         """`create=False`: a reader (explain, why) that makes no file where none is."""
-        self.path = path
-        self.create = create
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()  # action threads file results while the engine plans
+        super().__init__(path, create)
         self._results: dict[str, tuple[str, bytes | None]] = {}
         self._traces: dict[str, tuple[str, bytes]] = {}
         self._first_pending: float | None = None
-        self.usable = True
         # After many misses, each table's keys are read once (store/listing.py).
         self._listed_results = MissListing(lambda: self._column("SELECT key FROM results"))
         self._listed_traces = MissListing(lambda: self._column("SELECT label FROM traces"))
-
-    def _conn(self) -> sqlite3.Connection | None:
-        if self._db is None and self.usable:
-            if not self.create and not self.path.exists():
-                return None
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)  # a named variant's own directory
-                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses at most the last commits, never consistency
-                db.execute("CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT)")
-                db.execute("CREATE TABLE IF NOT EXISTS results(key TEXT PRIMARY KEY, result BLOB, tree BLOB)")
-                db.execute("CREATE TABLE IF NOT EXISTS traces(label TEXT PRIMARY KEY, digest TEXT, trace BLOB)")
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA,))
-                (schema,) = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-                if schema != SCHEMA:  # written by another bgraph: not ours to read or write
-                    db.close()
-                    self.usable = False
-                    return None
-            except sqlite3.Error:
-                # An unreadable state file costs speed, never correctness: the per-file
-                # stores (ac/, trace/) still answer.
-                self.usable = False
-                return None
-            self._db = db
-        return self._db
-
-    def _query(self, sql: str, args: tuple) -> Any:
-        db = self._conn()
-        if db is None:
-            return None
-        try:
-            with self._lock:
-                return db.execute(sql, args).fetchone()
-        except sqlite3.Error:
-            return None
 
     def _column(self, sql: str) -> list[str]:
         db = self._conn()
@@ -155,16 +114,8 @@ class BuildState:
         with self._lock:
             for k in keys:
                 self._results.pop(k, None)
-        db = self._conn()
-        if db is None or not keys:
-            return
-        try:
-            with self._lock:
-                db.execute("BEGIN IMMEDIATE")
-                db.executemany("DELETE FROM results WHERE key = ?", ((k,) for k in keys))
-                db.execute("COMMIT")
-        except sqlite3.Error:
-            self._rollback(db)
+        if keys:
+            self._write([("DELETE FROM results WHERE key = ?", ((k,) for k in keys))])
 
     # -- traces ----------------------------------------------------------------------------
     def trace_digest(self, label: str) -> str | None:
@@ -218,28 +169,11 @@ class BuildState:
             if not results and not traces:
                 return
             self._results, self._traces, self._first_pending = {}, {}, None
-            db = self._conn()
-            if db is None:
-                return
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
-                               ((k, r, t) for k, (r, t) in results.items()))
-                db.executemany("INSERT OR REPLACE INTO traces VALUES (?, ?, ?)",
-                               ((label, d, t) for label, (d, t) in traces.items()))
-                db.execute("COMMIT")
-            except sqlite3.Error:
-                self._rollback(db)  # a full disk or a locked file: the rows are a memo; lose them
-
-    @staticmethod
-    def _rollback(db: sqlite3.Connection) -> None:
-        try:
-            db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
+            self._write([("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
+                          ((k, r, t) for k, (r, t) in results.items())),
+                         ("INSERT OR REPLACE INTO traces VALUES (?, ?, ?)",
+                          ((label, d, t) for label, (d, t) in traces.items()))])
 
     def close(self) -> None:
         self.flush()
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        super().close()

@@ -281,12 +281,10 @@ def collect(layout_root: Path, digester: Digester, max_size: int | None = None) 
 
 
 def _drop_records(layout_root: Path) -> None:
-    """The no-op records and memos of every workspace (`v1/uptodate/`): none holds once the
-    generation moved, so they go with what was collected rather than wait for a rebuild."""
-    records = layout_root / "uptodate"
-    if records.is_dir():
-        for p in records.iterdir():
-            p.unlink(missing_ok=True)
+    """The no-op records and memos of every workspace (rows of each state file): none holds once
+    the generation moved, so they go with what was collected rather than wait for a rebuild."""
+    for path in layout_root.glob(f"*/{STATE_FILE}"):
+        BuildState(path, create=False).drop_records()
 
 
 @contextmanager

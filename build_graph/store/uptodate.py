@@ -2,8 +2,9 @@
 the workspace, planning or computing a key (Ninja's `.ninja_log` idea, taken one step further).
 
 After a successful build of a request (the targets as typed, and every flag or environment
-variable that chooses what is built, where it is cached and how it is configured), bgraph writes
-`<cache>/v1/uptodate/<request digest>.json` holding the file-state stamp (incremental/filestate.py:
+variable that chooses what is built, where it is cached and how it is configured), the engine
+files a row of the cache's state file (store/statefile.py, `records`, by request digest: one
+transaction with the per-target memo) holding the file-state stamp (incremental/filestate.py:
 size, mtime, ctime, inode, mode, link text) of:
 
 - every file under the workspace root, except `bgraph-out/`, `.git/`, `__pycache__/` and the
@@ -16,7 +17,7 @@ size, mtime, ctime, inode, mode, link text) of:
 
 The next build of the same request compares those stamps; if every one holds, nothing the build
 reads has changed and its outputs are where it left them, so the build is a no-op and says so.
-Anything else (one stamp, a missing or unreadable record, another bgraph) takes the full path,
+Anything else (one stamp, a missing or damaged row, another bgraph) takes the full path,
 which checks every action as before: the record can only skip work, never change a result.
 
 Why it is exact: a build's outputs are a function of its inputs, and every input comes from the
@@ -39,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -48,7 +49,10 @@ from build_graph.incremental.filestate import Stamp
 from build_graph.store import atomic
 from build_graph.store.atomic import write_bytes
 
-FORMAT = 2  # 2: filestate stamps (ctime, mode, link text)
+if TYPE_CHECKING:
+    from build_graph.store.statefile import StateFile
+
+FORMAT = 3  # 2: filestate stamps (ctime, mode, link text); 3: a row, its memo beside it
 SKIPPED_NAMES = frozenset({".git", "__pycache__"})
 
 
@@ -114,7 +118,6 @@ class Record:
     links: dict[str, str]  # requested target -> its bgraph-out link's target
     outputs: dict[str, Stamp]  # absolute path -> stamp, for every file under those link targets
     summary: dict[str, Any] = field(default_factory=dict)  # counts and the link of each label, as printed
-    memo: str = ""  # the name of the per-target memo written with this record (store/memo.py), if any
     python: str = sys.version
     format: int = FORMAT
 
@@ -122,14 +125,15 @@ class Record:
         return orjson.dumps(self.__dict__)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Record | None:
+    def from_bytes(cls, data: Any) -> Record | None:
+        """The record `to_bytes` wrote; None for anything else (damaged, another bgraph's)."""
         try:
-            raw = orjson.loads(data)
-            if raw.get("format") != FORMAT:
-                return None
-            return cls(**raw)
+            record = cls(**orjson.loads(data))
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             return None
+        shapes = ((record.root, str), (record.skip, list), (record.files, dict), (record.racy, list),
+                  (record.extra, dict), (record.links, dict), (record.outputs, dict), (record.summary, dict))
+        return record if record.format == FORMAT and all(isinstance(v, t) for v, t in shapes) else None
 
 
 def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
@@ -146,17 +150,10 @@ def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
     return stamps
 
 
-def record_path(store: Path, digest: str) -> Path:
-    return store / f"{digest}.json"
-
-
-def load(store: Path, digest: str) -> Record | None:
+def load(state: StateFile, digest: str) -> Record | None:
     """The record of the last successful build of this request, if any (a damaged one is none)."""
-    try:
-        data = record_path(store, digest).read_bytes()
-    except OSError:
-        return None
-    return Record.from_bytes(data)
+    data = state.record(digest)
+    return Record.from_bytes(data) if data is not None else None
 
 
 def holds(record: Record) -> bool:
@@ -240,13 +237,6 @@ def racy(files: dict[str, Stamp], scanned_at_ns: int) -> list[str]:
     return [p for p, s in files.items() if filestate.racy(s, scanned_at_ns)]
 
 
-def save(store: Path, digest: str, record: Record) -> None:
-    """Write the record atomically (a concurrent build of the same request writes the same)."""
-    path = record_path(store, digest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path, record.to_bytes())
-
-
 def generation_path(layout_root: Path) -> Path:
     """<cache>/v1/generation: rewritten whenever `cache gc` or `cache verify --repair` removes something."""
     return layout_root / "generation"
@@ -258,9 +248,58 @@ def bump_generation(layout_root: Path) -> None:
     write_bytes(generation_path(layout_root), f"{time.time_ns()}\n".encode())
 
 
-def forget(store: Path, digest: str) -> None:
-    """Drop the record (a build of this request failed or changed something)."""
-    try:
-        record_path(store, digest).unlink()
-    except OSError:
-        pass
+class Recording:
+    """A command's scan of the workspace before it ran and, once it succeeded, the record of it:
+    filed by the engine (Engine.remember) or, for query and why, by `remember`."""
+
+    def __init__(self, request: Any, skip: tuple[str, ...] = (), previous: Any = None):
+        """`request`: a noop.Request; `previous`: its noop.Previous, whose scan (just made, with the
+        same directories left out) serves as this one."""
+        self.request, self.root, self.skip = request, request.root, skip
+        if previous is not None and previous.scanned and sorted(previous.record.skip) == sorted(skip):
+            self.started_ns, self.before = previous.started_ns, previous.scanned
+            return
+        self.started_ns = time.time_ns()
+        try:
+            self.before: dict[str, Stamp] | None = scan(self.root, skip)
+        except (OSError, Unrecordable):
+            self.before = None  # nothing will be recorded: every run takes the full path
+
+    def of_build(self, cache: Path, summary: dict[str, Any], links: dict[str, Path],
+                 host_tools: list[str]) -> Record | None:
+        """The record of a successful build that linked `links`; None where it cannot be recorded
+        (then the request's old record goes too)."""
+        link_targets = {str(link): os.readlink(link) for link in links.values()}
+        return self._record(cache, [str(generation_path(cache / "v1")), *host_tools,
+                                    *(os.path.realpath(p) for p in host_tools)],
+                            link_targets, {"actions": summary["executed"] + summary["hits"] + summary["cut_off"],
+                                           "outputs": {label: str(link) for label, link in links.items()},
+                                           "remote": "remote" in summary})
+
+    def remember(self, text: str, code: int, cache: Path) -> None:
+        """Record the answer of a command that reads only the workspace (query, why)."""
+        from build_graph.store.statefile import StateFile
+
+        record = self._record(cache, [], {}, {"text": text, "code": code})
+        StateFile(self.request.state).put_record(self.request.digest, record and record.to_bytes())
+
+    def _record(self, cache: Path, extra_paths: list[str], links: dict[str, str],
+                summary: dict[str, Any]) -> Record | None:
+        if self.before is None:
+            return None
+        cache_path = os.path.realpath(cache)
+        skip = sorted({*self.skip, cache_path} if Path(cache_path).is_relative_to(self.root) else set(self.skip))
+        inside = tuple(os.path.relpath(d, self.root) + "/" for d in skip if Path(d).is_relative_to(self.root))
+        before = {p: s for p, s in self.before.items() if not p.startswith(inside)} if inside else self.before
+        try:
+            after = scan(self.root, tuple(skip))
+        except (OSError, Unrecordable):
+            return None
+        if after != before:
+            return None  # edited while it ran: the next run checks everything
+        from build_graph.roots import user_config_path
+
+        extra_paths = [*code_files(), str(user_config_path()), *extra_paths]
+        return Record(root=str(self.root), skip=skip, files=after, racy=racy(after, self.started_ns),
+                      extra={p: stamp_of(p) for p in extra_paths}, links=links, outputs=output_stamps(links),
+                      summary=summary)
