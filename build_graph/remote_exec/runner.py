@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -93,16 +94,32 @@ class Process:
     def wait(self, timeout_s: float | None, cancelled: threading.Event) -> Ended:
         """Wait for the end, killing the process at `timeout_s` or once `cancelled` is set."""
         deadline = self.start + timeout_s if timeout_s else None
-        while True:
-            try:
-                self.proc.wait(timeout=0.05)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            if cancelled.is_set():
-                self.kill("cancelled")
-            elif deadline is not None and time.time() > deadline:
-                self.kill("timeout")
+        try:
+            # A pidfd is readable when the process ends: the end is seen at once, not at the
+            # next poll (polling every 50 ms cost a trivial action 25 ms on average).
+            ended = os.pidfd_open(self.proc.pid)
+        except OSError:  # a kernel before 5.3: polled
+            ended = None
+        try:
+            while True:
+                step = 0.25 if deadline is None else max(0.0, min(0.25, deadline - time.time()))
+                if ended is not None:
+                    if select.select([ended], [], [], step)[0]:
+                        break
+                else:
+                    try:
+                        self.proc.wait(timeout=min(step, 0.05))
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                if cancelled.is_set():
+                    self.kill("cancelled")
+                elif deadline is not None and time.time() >= deadline:
+                    self.kill("timeout")
+        finally:
+            if ended is not None:
+                os.close(ended)
+        self.proc.wait()
         end = time.time()
         try:
             text = read_memfd(self._status).decode(errors="replace")
