@@ -7,6 +7,7 @@ Directory messages, is compared with what the local bubblewrap sandbox shows the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -124,9 +125,7 @@ def test_input_root_digests_are_the_servers_function(cas):
     # One changed byte of one input changes the root.
     other = sample_action(cas)
     src = other.input_tree("/bgraph/src").overlaid(Tree({"a.txt": cas.put_bytes(b"b\n")}))
-    changed = Action(**{**other.__dict__, "inputs": tuple((m, src if m == "/bgraph/src" else t)
-                                                          for m, t in other.inputs)})
-    changed.__dict__.pop("_key", None)
+    changed = dataclasses.replace(other, inputs=tuple((m, src if m == "/bgraph/src" else t) for m, t in other.inputs))
     assert sha256_encoder(cas).input_root(changed).root != encoded.root
 
 
@@ -153,3 +152,210 @@ def test_host_paths_are_not_sent(cas):
     action = Action(name="a", mnemonic="M", argv=("/bin/true",), host_paths=("/usr",), outputs=("o",))
     with pytest.raises(NotRemotable, match="host path /usr"):
         sha256_encoder(cas).input_root(action)
+
+
+# -- builds through BuildGrid and two `bgraph worker`s --------------------------------------------
+
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from bgraph_testlib import WS, copy_toolchains, hermetic_env  # noqa: E402
+from remote_exec_servers import ExecStack, missing_reason  # noqa: E402
+from remote_servers import free_port  # noqa: E402
+
+needs_stack = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
+
+# Real actions on the pinned Debian /usr (//toolchains:host): files, an executable bit, a
+# directory output holding an empty directory, a symlink, a dependency read remotely.
+REMOTE_TARGETS = """\
+[a]
+kind = "genrule"
+outs = ["a.txt", "d", "link"]
+cmd = "python3 -c 'print(sum(range(10**6)))' > $OUT/a.txt; mkdir -p $OUT/d/e; echo x > $OUT/d/f; chmod +x $OUT/d/f; ln -s a.txt $OUT/link"
+
+[b]
+kind = "genrule"
+deps = { a = ":a" }
+outs = ["b.txt"]
+cmd = "cat $IN_A/a.txt $IN_A/d/f > $OUT/b.txt; readlink $IN_A/link >> $OUT/b.txt; ls -a $IN_A/d >> $OUT/b.txt"
+
+[fail]
+kind = "genrule"
+outs = ["never"]
+cmd = "echo oops-remote >&2; exit 3"
+
+[local-too]
+kind = "genrule"
+outs = ["c.txt"]
+cmd = "echo fallback > $OUT/c.txt"
+
+[slow]
+kind = "genrule"
+outs = ["s"]
+cmd = "sleep 4242; touch $OUT/s"
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if missing_reason() is not None:
+        pytest.skip(missing_reason())
+    s = ExecStack(tmp_path_factory.mktemp("exec"), workers=2)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def root(module_tmp) -> Path:
+    """A workspace with this repository's pinned systems and REMOTE_TARGETS as //remote."""
+    ws = module_tmp / "ws"
+    copy_toolchains(ws)
+    (ws / "targets" / "remote.toml").write_text(REMOTE_TARGETS)
+    return ws
+
+
+@pytest.fixture(scope="module")
+def local(root, module_tmp) -> WS:
+    """//remote:b built locally, in a cache of its own: what the remote build must equal."""
+    ws = WS(root, module_tmp / "local-cache")
+    run = ws.build("//remote:a", "//remote:b", args=("-j2",))
+    assert run.rc == 0, run.stderr[-3000:]
+    return ws
+
+
+def server_blob(stack, digest: str) -> Path | None:
+    """Where BuildGrid's disk storage holds blob `digest` (objects/<2 hex>/<the rest>)."""
+    for p in (stack.grid.root / "cas").rglob(digest[2:]):
+        if p.parent.name == digest[:2]:
+            return p
+    return stack.grid.cas_path(digest)
+
+
+def remote_args(stack, *more: str) -> tuple[str, ...]:
+    return ("--remote-executor", stack.url, *more)
+
+
+@needs_stack
+def test_remote_build_is_byte_identical_to_the_local_one(stack, local, root, module_tmp):
+    """The genrules run on the workers (their outputs are in BuildGrid's CAS, which the local
+    build never wrote to); every action's output tree equals the local build's under the same
+    key (--check-against: same keys, same bytes); `explain` reads the trace a remote run left."""
+    ws = WS(root, module_tmp / "remote-cache")
+    run = ws.build("//remote:a", "//remote:b", args=remote_args(stack, "-j2"))
+    assert run.rc == 0, run.stderr[-3000:]
+    ran = {a["label"]: a["status"] for a in run.json["actions"] if a["label"].startswith("//remote:")}
+    assert ran == {"//remote:a": "executed", "//remote:b": "executed"}
+    b_txt = (root / "bgraph-out" / "remote" / "b" / "b.txt").read_bytes()
+    assert b_txt == b"499999500000\nx\na.txt\n.\n..\ne\nf\n"
+    assert server_blob(stack, hashlib.sha256(b_txt).hexdigest()) is not None  # made by a worker
+    a_dir = root / "bgraph-out" / "remote" / "a"
+    assert os.access(a_dir / "d" / "f", os.X_OK) and (a_dir / "d" / "e").is_dir()
+    assert os.readlink(a_dir / "link") == "a.txt"
+    explain = ws.cli("explain", "//remote:b")
+    assert explain.rc == 0 and "ran genrule" in explain.stdout, explain.output
+    check = ws.build("//remote:a", "//remote:b", args=("--check-against", str(local.cache)))
+    assert check.rc == 0, check.stderr[-2000:]
+    assert check.json["compared_with_other_cache"] >= 2 and check.json["differing"] == []
+    assert {a["status"] for a in check.json["actions"]} == {"hit"}  # filed locally like a local run
+
+
+@needs_stack
+def test_non_zero_exit_is_the_actions_failure_not_a_fallback(stack, root, module_tmp):
+    ws = WS(root, module_tmp / "remote-cache")
+    for _ in range(2):  # the second time BuildGrid answers from its cache: the same failure
+        run = ws.build("//remote:fail", args=remote_args(stack, "--remote-local-fallback"))
+        assert run.rc == 1
+        assert "exited with status 3" in run.output and "oops-remote" in run.output, run.output[-2000:]
+        assert "running it locally" not in run.output and "Traceback" not in run.output
+        assert run.json["failed"] == 1
+
+
+@needs_stack
+def test_server_down_falls_back_locally_with_one_warning(root, module_tmp):
+    ws = WS(root, module_tmp / "remote-cache")
+    dead = f"grpc://127.0.0.1:{free_port()}"
+    run = ws.build("//remote:local-too", args=("--remote-executor", dead, "--remote-local-fallback"))
+    assert run.rc == 0, run.stderr[-2000:]
+    warnings = [line for line in run.stderr.splitlines() if "remote execution of" in line]
+    assert len(warnings) == 1 and "running it locally" in warnings[0], run.stderr[-2000:]
+    assert (root / "bgraph-out" / "remote" / "local-too" / "c.txt").read_text() == "fallback\n"
+    # Without the fallback: one error line naming the remote and the flag, no traceback.
+    ws.write({"targets/remote.toml": REMOTE_TARGETS.replace("echo fallback", "echo fallback2")})
+    try:
+        run = ws.build("//remote:local-too", args=("--remote-executor", dead))
+        assert run.rc == 1 and "unavailable" in run.stderr and "--remote-local-fallback" in run.stderr
+        assert "Traceback" not in run.stderr
+    finally:
+        ws.write({"targets/remote.toml": REMOTE_TARGETS})
+
+
+def _runner(cas, url: str, **kw):
+    from build_graph.remote_exec.client import RemoteRunner
+    from build_graph.sandbox import BwrapRunner
+    return RemoteRunner(cas, url, lambda: BwrapRunner(cas), **kw)
+
+
+@needs_stack
+def test_unmatched_platform_is_a_clear_error_after_the_queue_timeout(stack, cas):
+    """No worker offers ISA=aarch64: BuildGrid keeps the job queued without a word; the client
+    cancels it after its queue timeout and names the platform."""
+    from build_graph.errors import ActionFailed
+    action = Action(name="arm", mnemonic="Genrule", argv=("/bin/true",), outputs=("o",), platform="aarch64",
+                    inputs=(("/bgraph/src", Tree({"x": cas.put_bytes(os.urandom(16))})),))
+    runner = _runner(cas, stack.url, queue_timeout_s=3)
+    start = time.monotonic()
+    with pytest.raises(ActionFailed, match=r"no worker .* platform ISA=aarch64, OSFamily=Linux") as err:
+        runner.run(action)
+    assert time.monotonic() - start < 30
+    assert "--remote-local-fallback" in err.value.render()
+
+
+@needs_stack
+def test_input_blob_removed_from_the_server_after_upload_is_uploaded_again(stack, cas):
+    """An input uploaded, then deleted from BuildGrid's CAS: the worker reports it MISSING, the
+    client uploads exactly that blob again and the Execute is retried to success."""
+    data = os.urandom(64)
+    action = sample_action(cas, staged=False)
+    src = Tree({**action.input_tree("/bgraph/src").entries, "rand": cas.put_bytes(data)})
+    action = dataclasses.replace(action, inputs=tuple((m, src if m == "/bgraph/src" else t) for m, t in action.inputs))
+    runner = _runner(cas, stack.url)
+    runner._connect()
+    runner._upload(runner._prepare(action))
+    blob = server_blob(stack, hashlib.sha256(data).hexdigest())
+    assert blob is not None
+    blob.unlink()
+    tree, result = runner.run(action)
+    assert runner.stats["missing_uploaded"] >= 1
+    assert "l /bgraph/src/link -> a.txt" in cas.read_bytes(tree.entries["listing"]).decode()
+    assert cas.read_bytes(tree.entries["d/x"]) == b"made\n" and result.exit_code == 0
+
+
+@needs_stack
+def test_ctrl_c_cancels_the_remote_operation_and_the_worker_kills_the_action(stack, root, module_tmp):
+    """SIGINT to a build whose action sleeps on a worker: the build stops, the operation is
+    cancelled, and the worker kills the sleeping process (no orphan left)."""
+    def sleeping() -> list[str]:
+        out = subprocess.run(["pgrep", "-f", "sleep 4242"], capture_output=True, text=True).stdout
+        return out.split()
+    assert not sleeping()
+    ws = WS(root, module_tmp / "remote-cache")
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
+                             "build", "--remote-executor", stack.url, "//remote:slow"],
+                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sleeping():
+            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while sleeping():
+            assert time.monotonic() < deadline, "the worker left the cancelled action running"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -34,13 +34,9 @@ from build_graph.errors import ActionFailed, LoadError
 from build_graph.model import Action, ActionResult, DirEntry, FileEntry, SymlinkEntry, Tree
 from build_graph.remote_exec.input_root import (DigestMap, Encoded, Encoder, NotRemotable, local_blob_path,
                                                 out_relative, output_paths, working_directory)
+from build_graph.remote_exec.worker import SANDBOX_VERSION
 from build_graph.store.reapi_remote import DIGEST_FUNCTIONS, ReapiRemote
 from build_graph.store.remote import BodyTooLarge, CircuitBreaker, RemoteUnavailable
-
-try:
-    from build_graph.remote_exec.worker import SANDBOX_VERSION
-except ImportError:  # the worker's module is not there yet: the same value it states
-    SANDBOX_VERSION = "1"
 
 _EXEC = "/build.bazel.remote.execution.v2.Execution/"
 _OPS = "/google.longrunning.Operations/"
@@ -48,6 +44,7 @@ ISA = {"x86_64": "x86-64", "aarch64": "aarch64"}  # bgraph platform -> REAPI ISA
 RECONNECT_S = 120.0  # how long a broken Operation stream is waited on (WaitExecution) before giving up
 POLL_S = 5.0  # each Execute/WaitExecution stream is renewed this often, to look at the queue time
 MISSING_ROUNDS = 3  # uploads of MISSING blobs before the action's failure is the server's
+WRITABLE_MARK = ".bgraph-out-writable"  # see RemoteRunner._whole_out
 FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest of a build runs locally
 
 
@@ -91,7 +88,8 @@ class RemoteRunner:
         self._progress: dict[tuple, float] = {}  # platform -> when an action of it last started or ended
         self._failures = 0
         self._given_up = False
-        self.stats = {"executed": 0, "cached": 0, "fell_back": 0, "uploaded_bytes": 0, "downloaded_bytes": 0}
+        self.stats = {"executed": 0, "cached": 0, "fell_back": 0, "uploaded_bytes": 0, "downloaded_bytes": 0,
+                      "missing_uploaded": 0, "reuploaded": 0, "backed_off": 0}
         if not url.startswith(("grpc://", "grpcs://")):
             raise LoadError(f"remote executor {url!r} is not a grpc:// or grpcs:// address",
                             hint="give --remote-executor grpc://HOST:PORT[/instance]")
@@ -234,7 +232,7 @@ class RemoteRunner:
         command = pb.Command(arguments=list(action.argv),
                              environment_variables=[pb.Command.EnvironmentVariable(name=k, value=v)
                                                     for k, v in sorted(action.env)],
-                             output_paths=sorted(output_paths(action)), platform=platform,
+                             output_paths=sorted(output_paths(action) + self._whole_out(action)), platform=platform,
                              working_directory=working_directory(action))
         command_bytes = command.SerializeToString(deterministic=True)
         command_hash = self.encoder.hash(command_bytes)
@@ -247,6 +245,15 @@ class RemoteRunner:
         action_hash = self.encoder.hash(action_bytes)
         blobs[action_hash] = action_bytes
         return {"root": root, "blobs": blobs, "action": (action_hash, len(action_bytes)), "platform": tuple(props)}
+
+    @staticmethod
+    def _whole_out(action: Action) -> list[str]:
+        """A marker output directly in the output directory, so the worker (which makes each
+        output's parent writable) makes the whole of /bgraph/out writable, as the local sandbox
+        does: an imported Ninja edge writes beside its staged inputs. Never made, never fetched."""
+        if action.outputs == (".",):
+            return []
+        return output_paths(Action(name="", mnemonic="", outputs=(WRITABLE_MARK,), cwd=action.cwd))
 
     def _sizes(self, prepared: dict) -> dict[str, int]:
         root: Encoded = prepared["root"]
@@ -314,6 +321,7 @@ class RemoteRunner:
                     reuploaded = True
                     with self._lock:
                         self._present.clear()
+                        self.stats["reuploaded"] += 1
                     self._upload(prepared, everything=True)
                     continue
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -333,6 +341,7 @@ class RemoteRunner:
                     missing_rounds += 1
                     with self._lock:
                         self._present.difference_update(missing)
+                        self.stats["missing_uploaded"] += len(missing)
                     self._upload(prepared, only=missing)
                     continue
             if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]:
@@ -342,6 +351,8 @@ class RemoteRunner:
             raise RemoteFailure(f"{name}: {status.message}"[:300])
 
     def _back_off(self, backoff: float) -> float:
+        with self._lock:
+            self.stats["backed_off"] += 1
         time.sleep(backoff * (0.5 + random.random()))
         return min(backoff * 2, 10.0)
 
@@ -376,8 +387,9 @@ class RemoteRunner:
         key = next(self._ids)
         try:
             while True:
-                call = (execute(request, timeout=POLL_S) if not name
-                        else wait(pb.WaitExecutionRequest(name=name), timeout=POLL_S))
+                poll = min(POLL_S, max(1.0, self.queue_timeout_s / 4))
+                call = (execute(request, timeout=poll) if not name
+                        else wait(pb.WaitExecutionRequest(name=name), timeout=poll))
                 with self._lock:
                     self._inflight[key] = (call, name)
                 if self.stopping:
@@ -536,6 +548,8 @@ class RemoteRunner:
                 children[h] = pb.Directory.FromString(data)
             base = out_relative(action, d.path)
             self._walk(message.root, "" if base == "." else base, children, files, entries)
+        files.pop(WRITABLE_MARK, None)
+        entries.pop(WRITABLE_MARK, None)
         datas = self._blobs({h: size for h, size, _x in files.values()})
         for path, (h, size, executable) in files.items():
             entry = self.cas.put_bytes(datas[h], executable)
