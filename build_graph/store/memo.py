@@ -109,21 +109,14 @@ def _encode_value(v: Any) -> Any:
 def _decode_value(v: Any) -> Any:
     if isinstance(v, dict):
         if "$tree" in v:
-            return _decode_tree(v["$tree"])
+            from build_graph.store.state import decode_tree
+            return decode_tree(v["$tree"])
         if "$tuple" in v:
             return tuple(_decode_value(x) for x in v["$tuple"])
         return {k: _decode_value(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_decode_value(x) for x in v]
     return v
-
-
-def _decode_tree(rows: list) -> Any:
-    # As the state file's rows are read (store/state.py): paths were checked when the tree was
-    # made, and materialize refuses a path below a link or outside the tree whatever its source.
-    from build_graph.model import DirEntry, FileEntry, SymlinkEntry, Tree
-    return Tree.from_checked({r[0]: FileEntry(r[1], r[2], r[3]) if len(r) == 4 else SymlinkEntry(r[1])
-                              if len(r) == 2 else DirEntry() for r in rows})
 
 
 def _encode_entry(e: Entry) -> list:
@@ -134,8 +127,9 @@ def _encode_entry(e: Entry) -> list:
 
 def _decode_entry(raw: list) -> Entry:
     from build_graph.model import TargetOutput
+    from build_graph.store.state import decode_tree
     sources, rows, info, actions, deps, node, volatile, definition = raw
-    return Entry(tuple(sources), TargetOutput(_decode_tree(rows), _decode_value(info) if info else {}),
+    return Entry(tuple(sources), TargetOutput(decode_tree(rows), _decode_value(info) if info else {}),
                  tuple(tuple(a) for a in actions), tuple(deps), node, bool(volatile), definition)
 
 

@@ -47,10 +47,12 @@ def encode_tree(tree: Tree) -> bytes:
     return orjson.dumps(rows)
 
 
-def decode_tree(raw: bytes) -> Tree:
-    """The tree encode_tree wrote (its paths were checked when the tree was made)."""
+def decode_tree(raw: bytes | list) -> Tree:
+    """The tree encode_tree wrote, as bytes or as its rows once read (a memo holds them inside
+    its own JSON); its paths were checked when the tree was made, and materialize refuses a path
+    below a link or outside the tree whatever its source."""
     entries: dict[str, Any] = {}
-    for row in orjson.loads(raw):
+    for row in orjson.loads(raw) if isinstance(raw, bytes) else raw:
         n = len(row)
         entries[row[0]] = FileEntry(row[1], row[2], row[3]) if n == 4 else SymlinkEntry(row[1]) if n == 2 else DirEntry()
     return Tree.from_checked(entries)

@@ -156,22 +156,6 @@ def load(state: StateFile, digest: str) -> Record | None:
     return Record.from_bytes(data) if data is not None else None
 
 
-def holds(record: Record) -> bool:
-    """Whether nothing the recorded build read has changed and its outputs are still in place."""
-    return outputs_hold(record) and changed_files(record) == set()
-
-
-def outputs_hold(record: Record) -> bool:
-    """Whether each requested target's bgraph-out link and the files it leads to are as recorded."""
-    for link, target in record.links.items():
-        try:
-            if os.readlink(link) != target:
-                return False
-        except OSError:
-            return False
-    return all(stamp_of(p) == s for p, s in record.outputs.items())
-
-
 def restore_links(record: Record, layout_root: Path) -> int | None:
     """Put back the recorded bgraph-out links that were removed, where the trees
     they led to are still whole in the cache at `layout_root` (their files' stamps as recorded);
