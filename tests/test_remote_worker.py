@@ -17,7 +17,8 @@ from remote_exec_servers import ExecStack, missing_reason, wait_until
 
 from build_graph.model import Tree
 
-TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls", "/usr/bin/env")
+TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls", "/usr/bin/env", "/bin/rmdir",
+         "/bin/ln")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,28 @@ class Client:
                 assert op.response.Unpack(response)
                 return response, stages, name
         raise AssertionError(f"stream ended without done (stages {stages})")
+
+    def wait_execution(self, name: str, timeout_s: float = 120):
+        """WaitExecution(name) to `done`, retried while the server is unavailable: the ExecuteResponse."""
+        import grpc
+
+        pb = self.pb
+        wait = self.cas.channel.unary_stream("/build.bazel.remote.execution.v2.Execution/WaitExecution",
+                                             request_serializer=pb.WaitExecutionRequest.SerializeToString,
+                                             response_deserializer=self.ops.Operation.FromString)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                for op in wait(pb.WaitExecutionRequest(name=name), timeout=max(1.0, deadline - time.time())):
+                    if op.done:
+                        response = pb.ExecuteResponse()
+                        assert op.response.Unpack(response), op
+                        return response
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError(f"operation {name} not done after {timeout_s:g} s")
 
     def cancel(self, name: str) -> None:
         self._cancel(self.ops.CancelOperationRequest(name=name), timeout=10)
@@ -413,6 +436,31 @@ def test_bad_actions_are_refused_with_a_clear_status(stack):
     assert response.status.code == 9 and "bwrap-v0" in response.status.message
 
 
+def test_output_below_a_symlink_the_action_made_is_refused(stack):
+    """An action that turns an output's parent into a symlink to a host directory gets
+    INVALID_ARGUMENT: the worker never reads the host through it."""
+    c = Client(stack.url)
+    digest = c.action(sh("rmdir bgraph/out/etc && ln -s /etc bgraph/out/etc"),
+                      ["bgraph/out/x", "bgraph/out/etc/passwd"])
+    response, _, _ = c.execute(digest)
+    assert response.status.code == 3 and "symlink" in response.status.message, response.status
+    assert not response.result.output_files
+
+
+def test_second_worker_on_one_work_dir_is_one_clear_error(stack):
+    """Its purge would remove the first one's running leases: refused, one line and a hint."""
+    import sys
+
+    first = stack.workers[0]
+    out = subprocess.run([sys.executable, "-m", "build_graph", "worker", "--server", stack.url, "--work-dir",
+                          str(first.root / "leases"), "--cache", str(first.root / "other-cache")],
+                         check=False, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 2, out.stderr
+    assert "another bgraph worker uses the work directory" in out.stderr and "Traceback" not in out.stderr
+    assert first.proc.poll() is None
+
+
 def test_writable_dirs_and_view():
     """Outputs' parents: the outermost ones only; a mount point is left in the read-only tree."""
     from build_graph.model import DirEntry, FileEntry, SymlinkEntry
@@ -452,3 +500,40 @@ def test_materialized_trees_are_bounded_and_made_again(tmp_path):
     again = cache.take(trees[1])
     assert again == first and (again / "f1").read_bytes() == b"blob 1"
     cas.close()
+
+
+def test_workers_carry_on_across_a_buildgrid_restart(stack):
+    """bgd stopped mid-lease and started again on the same database: the operation still ends
+    done and OK (WaitExecution), and both workers serve new actions afterwards, with sessions
+    made again where the server dropped theirs. Last in this module: it restarts the server."""
+    import grpc
+
+    c = Client(stack.url)
+    marker = f"restart-{uuid.uuid4().hex}"
+    digest = c.action(sh("sleep 3; echo done > bgraph/out/x", marker), ["bgraph/out/x"])
+    name = None
+    try:
+        def on_stage(op_name, stage):
+            nonlocal name
+            name = op_name
+            if stage == c.pb.ExecutionStage.EXECUTING:
+                wait_until(lambda: marked_pids(marker), 20, "the action to start")
+                stack.grid.stop()
+        c.execute(digest, on_stage=on_stage)
+    except grpc.RpcError as e:  # the stream breaks as the server goes
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+    except AssertionError as e:  # or ends without `done`
+        assert "without done" in str(e), e
+    assert name is not None
+    stack.grid.start()
+    response = Client(stack.url).wait_execution(name, timeout_s=120)
+    assert response.status.code == 0 and response.result.exit_code == 0, response.status
+    # Two at once: both bots must be back in service for both to start before either ends.
+    again = Client(stack.url)
+    slow = [again.action(sh(f"sleep 2; echo {uuid.uuid4()} > bgraph/out/x"), ["bgraph/out/x"]) for _ in range(2)]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda d: Client(stack.url).execute(d)[0], slow))
+    assert [r.status.code for r in results] == [0, 0]
+    assert len({r.result.execution_metadata.worker for r in results}) == 2
+    assert all(w.proc.poll() is None for w in stack.workers)

@@ -40,6 +40,7 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import platform
@@ -171,7 +172,16 @@ class Worker:
             p.kill("cancelled")
 
     def _purge_old(self) -> None:
-        """Lease directories an earlier worker left (killed mid-lease) go before any new one."""
+        """Lease directories an earlier worker left (killed mid-lease) go before any new one.
+        The work directory is this worker's alone (a lock held while it runs): another one's
+        purge would remove leases that are running."""
+        self._lock_fd = os.open(self.work_dir / ".worker.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise LoadError(f"another bgraph worker uses the work directory {self.work_dir}",
+                            hint="give each worker its own --work-dir (and --name)") from None
         for slot in self.work_dir.glob("slot-*"):
             rmtree(slot)
 
@@ -380,7 +390,16 @@ class Worker:
         def host_of(path: str) -> str:
             for (host, w) in binds:
                 if path.startswith(w + "/"):
-                    return str(host / path[len(w) + 1:])
+                    rel = path[len(w) + 1:]
+                    # The action may have replaced a directory on the way by a symlink (to /etc,
+                    # say): never read host files through it, as local builds refuse it too.
+                    p = host
+                    for part in rel.split("/")[:-1]:
+                        p = p / part
+                        if p.is_symlink():
+                            raise BadInput(f"output {path} lies below a symlink the action made "
+                                           f"({p.relative_to(host).as_posix()}); refused")
+                    return str(host / rel)
             return str(lease_dir / "absent" / path)  # not below a writable directory: never made
         got = outs.collect(pb, self.cas, host_of, outputs, wd)
         result = pb.ActionResult(exit_code=ended.exit_code, output_files=got.files,
