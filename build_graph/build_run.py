@@ -219,16 +219,10 @@ class BuildRun:
         """Take `label` as the last build left it, if none of its sources changed and each
         dependency's output is the one it was built from (store/memo.py)."""
         name = str(label)
-        entry = self.reuse.entry(name)
-        if entry is None or label in self.redefined:
+        entry = self.reuse.taken(name, label in self.redefined, {str(d): self.outputs[d] for d in self.deps[label]},
+                                 self.e.cas.verify_tree)
+        if entry is None:
             return False
-        entries = self.reuse.entries
-        for dep in self.deps[label]:
-            was = entries.get(str(dep))
-            if was is None or self.outputs[dep] != was.output:
-                return False
-        if self.e.cas.verify_tree(entry.output.tree):
-            return False  # its output was changed or collected: the full check (the rebuilder) decides
         self.outputs[label] = entry.output
         self.memo[name] = entry
         self.reused += 1

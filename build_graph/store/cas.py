@@ -7,7 +7,7 @@ On-disk layout (versioned; bump the version instead of migrating)::
     <cache>/v1/<digest-fn>/dirs/ab/cdef…       Merkle directory node (canonical JSON)
     <cache>/v1/<digest-fn>/trees/<digest>/     a tree materialized read-only (bind-mounted into sandboxes)
     <cache>/v1/<digest-fn>/ac/ab/<key>.json    action cache (see action_cache.py)
-    <cache>/v1/<digest-fn>/state-v1.sqlite     traces per target, a memo of results (state.py)
+    <cache>/v1/<digest-fn>/state-v2.sqlite     traces, a memo of results, the fast paths' rows (statefile.py)
     <cache>/v1/<digest-fn>/trace/<label>.json  an older cache's traces (read only, see trace.py)
     <cache>/v1/<digest-fn>/roots/<hash>         symlink to a bgraph-out link: its tree is a gc root
     <cache>/v1/tmp/<pid>-xxx/                  a build's staging; written here, then renamed

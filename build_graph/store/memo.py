@@ -188,6 +188,20 @@ class Reuse:
         e = self.entries.get(label)
         return None if e is None or self._touched(e) else e
 
+    def taken(self, name: str, redefined: bool, deps: dict[str, Any], damaged) -> Entry | None:
+        """The entry of a target the build takes as the last one left it: none of its sources
+        changed, its definition did not (`redefined`), each dependency's output (`deps`: name ->
+        output now) is the one it was built from, and its own output verifies (`damaged(tree)`
+        lists nothing: else it was changed or collected); None: the rebuilder decides."""
+        e = self.entry(name)
+        if e is None or redefined:
+            return None
+        for dep, output in deps.items():
+            was = self.entries.get(dep)
+            if was is None or output != was.output:
+                return None
+        return None if damaged(e.output.tree) else e
+
     def affected(self) -> set[str]:
         """The targets a changed source reaches: those reading one (or a volatile source), and
         everything that depends on them. The rest are taken as they were, unvisited."""
