@@ -461,22 +461,55 @@ def test_second_worker_on_one_work_dir_is_one_clear_error(stack):
     assert first.proc.poll() is None
 
 
-def test_writable_dirs_and_view():
-    """Outputs' parents: the outermost ones only; a mount point is left in the read-only tree."""
-    from build_graph.model import DirEntry, FileEntry, SymlinkEntry
-    from build_graph.remote_exec.staging import BadInput, split_view, writable_dirs
+def test_writable_dirs_and_mounts(tmp_path):
+    """Outputs' parents: the outermost ones only. The mounts: a top-level directory whole, one
+    holding the outputs' directory and bgraph/in split, what lies below the outputs' directory
+    given to be copied, a top-level /proc refused. (Every blob is in the worker's own CAS here:
+    the server is never asked, so none is given.)"""
+    from types import SimpleNamespace
+
+    from build_graph.model import Digester, DirEntry, FileEntry, SymlinkEntry
+    from build_graph.remote_exec.staging import BadInput, Stager, writable_dirs
+    from build_graph.store.cas import LocalCas
+    from build_graph.store.reapi import reapi_pb2 as pb
 
     assert writable_dirs(["bgraph/out/a", "bgraph/out/d/b", "other/x/y"]) == ["other/x", "bgraph/out"]
     with pytest.raises(BadInput):
         writable_dirs(["x"])
-    entries = {"usr/bin/sh": FileEntry("a" * 64, 3, True), "bin": SymlinkEntry("usr/bin"),
-               "bgraph/src/f": FileEntry("b" * 64, 1), "bgraph/out/link": SymlinkEntry("/bgraph/src/f")}
-    top, below = split_view(entries, ["bgraph/out"])
-    assert top["bin"] == ("symlink", "usr/bin")
-    assert top["bgraph"][1].entries == {"out": DirEntry(), "src/f": FileEntry("b" * 64, 1)}
-    assert below == {"bgraph/out": {"link": SymlinkEntry("/bgraph/src/f")}}
+    cas = LocalCas(tmp_path / "cache", Digester("sha256"))
+
+    def blob(data: bytes):
+        e = cas.put_bytes(data)
+        return pb.Digest(hash=e.digest, size_bytes=e.size)
+
+    def directory(files=(), dirs=(), links=()):
+        d = pb.Directory()
+        for name, data, x in sorted(files):  # REAPI: each list sorted by name
+            d.files.add(name=name, digest=blob(data), is_executable=x)
+        for name, sub in sorted(dirs, key=lambda x: x[0]):
+            d.directories.add(name=name, digest=blob(sub.SerializeToString()))
+        for name, target in sorted(links):
+            d.symlinks.add(name=name, target=target)
+        return d
+    usr = directory(dirs=[("bin", directory(files=[("sh", b"elf", True)]))])
+    bgraph = directory(dirs=[("src", directory(files=[("a.c", b"int a;", False)])),
+                             ("in", directory(dirs=[("dep1", directory(files=[("o", b"1", False)])),
+                                                    ("dep2", directory(files=[("o", b"2", False)]))])),
+                             ("out", directory(dirs=[("sub", directory())], links=[("l", "/bgraph/src/a.c")]))])
+    root = blob(directory(dirs=[("usr", usr), ("bgraph", bgraph)], links=[("bin", "usr/bin")]).SerializeToString())
+    stager = Stager(SimpleNamespace(pb=pb), cas)
+    got = stager.mounts(root, ["bgraph/out"])
+    kinds = [(op[0], op[2] if op[0] == "symlink" else op[1]) for op in got.ops]
+    assert kinds == [("symlink", "bin"), ("dir", "bgraph"), ("dir", "bgraph/in"), ("tree", "bgraph/in/dep1"),
+                     ("tree", "bgraph/in/dep2"), ("tree", "bgraph/src"), ("tree", "usr")]
+    usr_tree = next(op[2] for op in got.ops if op[1] == "usr")
+    assert usr_tree.entries == {"bin/sh": FileEntry(usr_tree.entries["bin/sh"].digest, 3, True)}
+    assert got.writable == {"bgraph/out": {"l": SymlinkEntry("/bgraph/src/a.c"), "sub": DirEntry()}}
+    # The same subtree in another lease is the same Tree object: laid out and hashed once.
+    assert next(op[2] for op in stager.mounts(root, ["bgraph/out"]).ops if op[1] == "usr") is usr_tree
     with pytest.raises(BadInput):
-        split_view({"proc/x": FileEntry("c" * 64, 1)}, [])
+        stager.mounts(blob(directory(dirs=[("proc", directory())]).SerializeToString()), [])
+    cas.close()
 
 
 def test_materialized_trees_are_bounded_and_made_again(tmp_path):

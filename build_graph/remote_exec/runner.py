@@ -39,16 +39,19 @@ class Ended:
 
 
 def bwrap_options(bwrap: str, mounts: list[tuple], writable: list[tuple[Path, str]], cwd: str) -> list[str]:
-    """bwrap's options (before `--`): `mounts` are ("ro", host_dir, name) | ("symlink", target,
-    name); `writable` pairs a host directory with its path in the sandbox."""
+    """bwrap's options (before `--`): `mounts` are, in order, ("ro", host_path, path) |
+    ("symlink", target, path) | ("dir", path) (an empty directory of the sandbox's own tmpfs);
+    `writable` pairs a host directory with its path in the sandbox."""
     args = ["--unshare-all", NO_CAPABILITIES[0], NO_CAPABILITIES[1], *nesting_options(bwrap),
             "--die-with-parent", "--new-session", "--hostname", "bgraph", *READ_ONLY_PROC,
             "--dev", "/dev", "--tmpfs", "/tmp"]
-    for kind, source, name in mounts:
-        if kind == "symlink":
-            args += ["--symlink", source, f"/{name}"]
+    for op in mounts:
+        if op[0] == "dir":
+            args += ["--dir", f"/{op[1]}"]
+        elif op[0] == "symlink":
+            args += ["--symlink", op[1], f"/{op[2]}"]
         else:
-            args += ["--ro-bind", str(source), f"/{name}"]
+            args += ["--ro-bind", str(op[1]), f"/{op[2]}"]
     for host, inside in sorted(writable, key=lambda w: w[1].count("/")):
         args += ["--bind", str(host), f"/{inside}"]
     return args + ["--chdir", "/" + cwd if cwd else "/"]

@@ -1,21 +1,28 @@
 """A lease's inputs: its Command and input root read from the server's CAS into the worker's own
-local CAS, and the input root turned into the sandbox's view (worker.py's contract).
+local CAS, and the input root turned into the sandbox's mounts (worker.py's contract).
 
 Blobs already in the local CAS are not fetched again; REAPI Directory messages are kept there too
-(they are blobs by digest), so a pinned /usr fetched for one lease serves every later one. Each
-top-level directory of the input root becomes a bgraph Tree that LocalCas.materialize lays out
-once, as hard links, read-only, reused by every lease that shows the same tree.
+(they are blobs by digest). The root is mounted a subtree at a time, as the local sandbox mounts
+each input: every top-level directory is one read-only mount, except a directory that holds an
+output directory (`bgraph`) or is `bgraph/in`, whose children are mounted one by one. A mounted
+subtree becomes a bgraph Tree (kept per Directory digest, its blobs local) that LocalCas lays out
+once as hard links and every later lease showing it reuses: a pinned /usr, a dependency's outputs.
 """
 
 from __future__ import annotations
 
 import posixpath
 import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from build_graph.model import DirEntry, FileEntry, SymlinkEntry, Tree
 from build_graph.store.cas import LocalCas
 
 RESERVED = ("proc", "dev", "tmp")  # the sandbox's own top-level directories
+SPLIT = ("bgraph/in",)  # directories whose children are mounted one by one (each input its own tree)
+MAX_SPLIT = 256  # above this many children, such a directory is one mount (as sandbox.MAX_MOUNTS)
+KEEP_TREES = 1024  # subtrees kept in memory (their Tree, digest included) between leases
 
 
 class MissingInputs(Exception):
@@ -34,13 +41,24 @@ class CorruptInput(Exception):
     """A blob the server sent does not hash to its digest (UNAVAILABLE: the server may retry)."""
 
 
+@dataclass
+class Mounts:
+    """The sandbox's filesystem for one lease, in mount order: ("dir", path) made empty,
+    ("tree", path, Tree) a read-only subtree, ("file", path, FileEntry), ("symlink", target, path);
+    and per writable directory what the input root holds below it (copied there)."""
+
+    ops: list[tuple] = field(default_factory=list)
+    writable: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
 class Stager:
     """Fetches a lease's Command and input root through `remote` (a ReapiRemote) into `cas`."""
 
     def __init__(self, remote, cas: LocalCas):
         self.remote, self.cas = remote, cas
         self.pb = remote.pb
-        self._trees: dict[str, dict[str, object]] = {}  # Directory digest -> its entries (memo)
+        self._dirs: dict[str, object] = {}  # Directory digest -> message (small; cleared when large)
+        self._trees: OrderedDict[str, Tree] = OrderedDict()  # Directory digest -> Tree, blobs local
         self._lock = threading.Lock()
 
     # -- blobs -------------------------------------------------------------------------------
@@ -70,60 +88,140 @@ class Stager:
         except Exception as e:  # noqa: BLE001 - a blob that is no such message is a bad action
             raise BadInput(f"blob {digest.hash[:16]}… is not a {kind.DESCRIPTOR.name}: {e}") from None
 
-    # -- the input root ----------------------------------------------------------------------
-    def directories(self, root) -> dict[str, object]:
-        """Every Directory of the tree below `root` (hash -> Directory), fetched a level at a time."""
+    # -- directories -------------------------------------------------------------------------
+    def _load(self, root) -> None:
+        """Every Directory message below `root` in memory, fetched a level at a time; subtrees
+        known whole from an earlier lease are not walked again."""
         pb = self.pb
-        found: dict[str, object] = {}
+        with self._lock:
+            if len(self._dirs) > 200_000:
+                self._dirs.clear()
         level = {root.hash: root.size_bytes}
         while level:
-            self.fetch_blobs(level)
+            self.fetch_blobs({h: s for h, s in level.items() if h not in self._dirs})
             following: dict[str, int] = {}
             for h, s in level.items():
-                try:
-                    d = pb.Directory.FromString(self.cas.read_bytes(FileEntry(h, s)))
-                except Exception:  # noqa: BLE001
-                    raise BadInput(f"blob {h[:16]}… is not a Directory") from None
-                found[h] = d
+                d = self._dirs.get(h)
+                if d is None:
+                    try:
+                        d = pb.Directory.FromString(self.cas.read_bytes(FileEntry(h, s)))
+                    except Exception:  # noqa: BLE001
+                        raise BadInput(f"blob {h[:16]}… is not a Directory") from None
+                    self._dirs[h] = d
                 for sub in d.directories:
-                    if sub.digest.hash not in found:
+                    if sub.digest.hash not in self._trees:
                         following[sub.digest.hash] = sub.digest.size_bytes
             level = following
-        return found
 
-    def entries(self, root) -> dict[str, object]:
-        """The input root as bgraph tree entries (path -> FileEntry | SymlinkEntry | DirEntry),
-        every file blob brought into the local CAS."""
+    def tree(self, digest) -> Tree:
+        """The subtree at Directory `digest` as a bgraph Tree, every file blob local."""
         with self._lock:
-            known = self._trees.get(root.hash)
-        if known is not None:
-            self.fetch_blobs({e.digest: e.size for e in known.values() if isinstance(e, FileEntry)})
-            return known
-        dirs = self.directories(root)
+            known = self._trees.get(digest.hash)
+            if known is not None:
+                self._trees.move_to_end(digest.hash)
+                return known
+        self._load(digest)
         out: dict[str, object] = {}
         blobs: dict[str, int] = {}
 
-        def walk(h: str, prefix: str, depth: int) -> None:
+        def walk(node_digest, prefix: str, depth: int) -> None:
             if depth > 256:
                 raise BadInput("the input root nests more than 256 directories deep")
-            d = dirs[h]
+            h = node_digest.hash
+            sub_tree = self._trees.get(h)
+            if sub_tree is not None and prefix:  # known whole: its entries, prefixed
+                if not sub_tree.entries:
+                    out[prefix] = DirEntry()
+                for p, e in sub_tree.entries.items():
+                    out[f"{prefix}/{p}"] = e
+                return
+            d = self._dirs.get(h)
+            if d is None:  # dropped meanwhile (another lease's load, the memo's bound): again
+                self._load(node_digest)
+                d = self._dirs[h]
             if not (d.files or d.directories or d.symlinks) and prefix:
                 out[prefix] = DirEntry()
             for node in d.files:
-                path = _join(prefix, node.name)
-                out[path] = FileEntry(node.digest.hash, node.digest.size_bytes, node.is_executable)
+                out[_join(prefix, node.name)] = FileEntry(node.digest.hash, node.digest.size_bytes, node.is_executable)
                 blobs[node.digest.hash] = node.digest.size_bytes
             for node in d.symlinks:
                 out[_join(prefix, node.name)] = SymlinkEntry(node.target)
             for node in d.directories:
-                walk(node.digest.hash, _join(prefix, node.name), depth + 1)
-        walk(root.hash, "", 0)
+                walk(node.digest, _join(prefix, node.name), depth + 1)
+        walk(digest, "", 0)
         self.fetch_blobs(blobs)
+        tree = Tree.from_checked(out)
         with self._lock:
-            if len(self._trees) > 64:  # a bounded memo: the last input roots seen
-                self._trees.pop(next(iter(self._trees)))
-            self._trees[root.hash] = out
-        return out
+            self._trees[digest.hash] = tree
+            while len(self._trees) > KEEP_TREES:
+                self._trees.popitem(last=False)
+        return tree
+
+    def mounts(self, root, writable: list[str]) -> Mounts:
+        """The input root `root` as the sandbox's mounts, with `writable` (writable_dirs) bound
+        where they are; what the root holds below them is given to be copied there."""
+        self._load(root)
+        got = Mounts(writable={w: {} for w in writable})
+
+        def owner(path: str) -> str | None:
+            return next((w for w in writable if path == w or path.startswith(w + "/")), None)
+
+        leaves: dict[str, int] = {}  # blobs of files outside any subtree: fetched here
+
+        def leaf(path: str, entry) -> None:
+            if isinstance(entry, FileEntry):
+                leaves[entry.digest] = entry.size
+            w = owner(path)
+            if w == path or any(x.startswith(path + "/") for x in writable):
+                raise BadInput(f"the outputs' directory {w or path} is not a directory in the input root")
+            if w is not None:
+                got.writable[w][path[len(w) + 1:]] = entry
+            elif isinstance(entry, SymlinkEntry):
+                got.ops.append(("symlink", entry.target, path))
+            else:
+                got.ops.append(("file", path, entry))
+
+        def visit(d, path: str, depth: int) -> None:
+            if depth > 256:
+                raise BadInput("the input root nests more than 256 directories deep")
+            for node in d.files:
+                leaf(_join(path, node.name), FileEntry(node.digest.hash, node.digest.size_bytes, node.is_executable))
+            for node in d.symlinks:
+                leaf(_join(path, node.name), SymlinkEntry(node.target))
+            for node in d.directories:
+                p = _join(path, node.name)
+                w = owner(p)
+                if w is not None:  # copied into the writable directory
+                    below = self.tree(node.digest)
+                    rel = p[len(w) + 1:] if p != w else ""
+                    if rel and not below.entries:
+                        got.writable[w][rel] = DirEntry()
+                    for q, e in below.entries.items():
+                        got.writable[w][f"{rel}/{q}" if rel else q] = e
+                    continue
+                sub = self._dirs.get(node.digest.hash)
+                holds_output = any(x.startswith(p + "/") for x in writable)
+                split = p in SPLIT and sub is not None and len(sub.directories) + len(sub.files) <= MAX_SPLIT
+                if holds_output or split:
+                    if sub is None:  # known whole from an earlier lease: its message again
+                        self._trees.pop(node.digest.hash, None)
+                        self._load(node.digest)
+                        sub = self._dirs[node.digest.hash]
+                    got.ops.append(("dir", p))
+                    visit(sub, p, depth + 1)
+                else:
+                    got.ops.append(("tree", p, self.tree(node.digest)))
+
+        root_dir = self._dirs[root.hash]
+        for name in [n.name for n in (*root_dir.files, *root_dir.symlinks, *root_dir.directories)]:
+            if name in RESERVED:
+                raise BadInput(f"the input root holds /{name}, which is the sandbox's own")
+        for w in writable:
+            if w.split("/", 1)[0] in RESERVED:
+                raise BadInput(f"output directory /{w} lies in the sandbox's own /{w.split('/', 1)[0]}")
+        visit(root_dir, "", 0)
+        self.fetch_blobs(leaves)
+        return got
 
 
 def _join(prefix: str, name: str) -> str:
@@ -159,53 +257,3 @@ def writable_dirs(outputs: list[str]) -> list[str]:
         if not any(p == k or p.startswith(k + "/") for k in keep):
             keep.append(p)
     return keep
-
-
-def split_view(entries: dict[str, object], writable: list[str]) -> tuple[dict[str, tuple], dict[str, dict]]:
-    """The read-only top-level mounts and, per writable directory, what the input root holds
-    below it (to be copied there). A writable directory inside a mounted tree stays in that tree
-    as an empty directory: its mount point."""
-    below: dict[str, dict] = {w: {} for w in writable}
-    ro: dict[str, object] = {}
-    for path, entry in entries.items():
-        owner = next((w for w in writable if path == w or path.startswith(w + "/")), None)
-        if owner is None:
-            ro[path] = entry
-        elif path != owner:
-            below[owner][path[len(owner) + 1:]] = entry
-        elif not isinstance(entry, DirEntry):
-            raise BadInput(f"the outputs' directory {owner} is not a directory in the input root")
-    for w in writable:
-        top = w.split("/", 1)[0]
-        if w != top and not isinstance(ro.get(top, DirEntry()), DirEntry) and top in ro:
-            raise BadInput(f"the outputs' directory {w} lies below {top}, which is not a directory")
-        if "/" in w:
-            parent = w.rpartition("/")[0]
-            if isinstance(ro.get(parent), (FileEntry, SymlinkEntry)):
-                raise BadInput(f"the outputs' directory {w} lies below {parent}, which is not a directory")
-    top: dict[str, tuple] = {}
-    trees: dict[str, dict[str, object]] = {}
-    for path, entry in ro.items():
-        name, _, rest = path.partition("/")
-        if name in RESERVED:
-            raise BadInput(f"the input root holds /{name}, which is the sandbox's own")
-        if not rest:
-            if isinstance(entry, SymlinkEntry):
-                top[name] = ("symlink", entry.target)
-            elif isinstance(entry, FileEntry):
-                top[name] = ("file", entry)
-            else:
-                trees.setdefault(name, {})
-        else:
-            trees.setdefault(name, {})[rest] = entry
-    for w in writable:  # mount points inside read-only trees
-        name, _, rest = w.partition("/")
-        if name in RESERVED:
-            raise BadInput(f"output directory /{w} lies in the sandbox's own /{name}")
-        if rest and name in trees:
-            t = trees[name]
-            if not any(p == rest or p.startswith(rest + "/") for p in t):
-                t[rest] = DirEntry()
-    for name, t in trees.items():
-        top[name] = ("tree", Tree.from_checked(dict(sorted(t.items()))) if t else Tree())
-    return top, below

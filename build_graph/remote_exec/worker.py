@@ -8,7 +8,9 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
   `bgraph/in/...` gives `/usr`, `/bgraph/src`, `/bgraph/in/...`. A top-level symlink is made as
   that symlink (`bin -> usr/bin`: merged-/usr links work); a top-level file is bound read-only.
   The names `proc`, `dev` and `tmp` are the sandbox's own and refused at the top level
-  (INVALID_ARGUMENT).
+  (INVALID_ARGUMENT). (How it is mounted is the worker's business, the view is the same: a
+  directory holding an output directory, e.g. `bgraph`, and `bgraph/in` are made of their
+  children's mounts, each input its own read-only tree laid out once and reused by later leases.)
 - Besides the input root: a fresh tmpfs `/tmp`, a read-only `/proc` (as sandbox.py's local
   actions), a minimal `/dev`, no network, its own PID (and IPC, UTS) namespace, `--cap-drop ALL`
   (no capability as root either), no nested user namespace where bwrap allows refusing it,
@@ -64,7 +66,6 @@ from build_graph.remote_exec.staging import (
     MissingInputs,
     Stager,
     output_paths,
-    split_view,
     writable_dirs,
 )
 from build_graph.remote_exec.trees import TreeCache
@@ -301,9 +302,18 @@ class Worker:
             command = self.stager.message(action.command_digest, pb.Command)
             if not command.arguments:
                 raise BadInput("the Command has no arguments")
-            entries = self.stager.entries(action.input_root_digest)
+            wd = command.working_directory.strip("/")
+            if wd:
+                wd = os.path.normpath(wd)
+                if wd == ".." or wd.startswith("../"):
+                    raise BadInput(f"working directory {command.working_directory!r} is outside the input root")
+            outputs = output_paths(command, wd)
+            writable = writable_dirs(outputs) if outputs else []
+            mounts = self.stager.mounts(action.input_root_digest, writable)
+            if wd and not _is_dir(wd, mounts):
+                raise BadInput(f"working directory {wd!r} is not a directory of the input root")
             meta.input_fetch_completed_timestamp.GetCurrentTime()
-            return self._run(action, command, entries, lease_dir, cancelled, meta)
+            return self._run(action, command, wd, outputs, mounts, lease_dir, cancelled, meta)
         except MissingInputs as e:
             return _status(FAILED_PRECONDITION, str(e), e.blobs), None
         except BadInput as e:
@@ -317,46 +327,37 @@ class Worker:
             if lease_dir.exists():
                 rmtree(lease_dir)
 
-    def _run(self, action, command, entries: dict, lease_dir: Path, cancelled: threading.Event, meta):
-        """Mount the input root's read-only trees (held while the lease runs), then run it."""
-        wd = command.working_directory.strip("/")
-        if wd:
-            wd = os.path.normpath(wd)
-            if wd.startswith(".."):
-                raise BadInput(f"working directory {command.working_directory!r} is outside the input root")
-        outputs = output_paths(command, wd)
-        writable = writable_dirs(outputs) if outputs else []
-        top, below = split_view(entries, writable)
-        if wd and not _is_dir(wd, entries, writable):
-            raise BadInput(f"working directory {wd!r} is not a directory of the input root")
+    def _run(self, action, command, wd: str, outputs: list[str], mounts, lease_dir: Path,
+             cancelled: threading.Event, meta):
+        """Lay out the read-only trees (held while the lease runs), then run it."""
         lease_dir.mkdir(parents=True)
-        mounts: list[tuple] = []
+        ops: list[tuple] = []
         held: list[str] = []
         try:
-            for name, item in sorted(top.items()):
-                if item[0] == "symlink":
-                    mounts.append(("symlink", item[1], name))
-                elif item[0] == "file":
-                    path = self.trees.take(Tree.from_checked({name: item[1]}))
+            for op in mounts.ops:
+                if op[0] == "tree":
+                    path = self.trees.take(op[2])
                     held.append(path.name)
-                    mounts.append(("ro", path / name, name))
-                elif not any(w == name for w in writable):
-                    path = self.trees.take(item[1])
+                    ops.append(("ro", path, op[1]))
+                elif op[0] == "file":
+                    name = op[1].rpartition("/")[2]
+                    path = self.trees.take(Tree.from_checked({name: op[2]}))
                     held.append(path.name)
-                    mounts.append(("ro", path, name))
-            return self._sandboxed(action, command, outputs, writable, below, mounts, wd, lease_dir,
-                                   cancelled, meta)
+                    ops.append(("ro", path / name, op[1]))
+                else:
+                    ops.append(op)
+            return self._sandboxed(action, command, outputs, mounts.writable, ops, wd, lease_dir, cancelled, meta)
         finally:
             self.trees.give_back(held)
 
-    def _sandboxed(self, action, command, outputs, writable, below, mounts, wd, lease_dir, cancelled, meta):
+    def _sandboxed(self, action, command, outputs, writable: dict, mounts, wd, lease_dir, cancelled, meta):
         """Stage the writable directories, run the process, collect and upload its outputs."""
         pb = self.remote.pb
         binds: list[tuple[Path, str]] = []
         for i, w in enumerate(writable):
             host = lease_dir / f"w{i}"
             host.mkdir()
-            self._stage_writable(host, below[w])
+            self._stage_writable(host, writable[w])
             for o in outputs:
                 if o.startswith(w + "/") and "/" in o[len(w) + 1:]:
                     (host / os.path.dirname(o[len(w) + 1:])).mkdir(parents=True, exist_ok=True)
@@ -429,11 +430,21 @@ class Worker:
                 target.mkdir(exist_ok=True)
 
 
-def _is_dir(path: str, entries: dict, writable: list[str]) -> bool:
-    if any(path == w or path.startswith(w + "/") for w in writable):
+def _is_dir(path: str, mounts) -> bool:
+    """Whether `path` is a directory of the sandbox the mounts make."""
+    if any(path == w or path.startswith(w + "/") for w in mounts.writable):
         return True
-    prefix = path + "/"
-    return any(p == path or p.startswith(prefix) for p in entries) and not hasattr(entries.get(path), "digest")
+    for op in mounts.ops:
+        if op[0] == "dir" and op[1] == path:
+            return True
+        if op[0] == "tree" and (op[1] == path or path.startswith(op[1] + "/")):
+            rel = path[len(op[1]) + 1:]
+            if not rel:
+                return True
+            entry = op[2].entries.get(rel)
+            return entry is not None and not hasattr(entry, "digest") and not hasattr(entry, "target") \
+                or any(p.startswith(rel + "/") for p in op[2].entries)
+    return False
 
 
 def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
