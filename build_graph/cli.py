@@ -110,6 +110,8 @@ def cmd_build(args, console: Console) -> int:
     if other_cache is not None:
         compared = engine.compare_with(result, other_cache)
     summary = result.summary(list_reused=args.json)  # --json lists every action
+    if options.remote_executor is not None and getattr(engine._sandbox, "stats", None) is not None:
+        summary["remote_execution"] = dict(engine._sandbox.stats)  # what went to the executor, what fell back
     if compared is not None:
         summary["compared_with_other_cache"] = compared
     if not result.failures and not options.dry_run:

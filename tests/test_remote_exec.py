@@ -191,6 +191,11 @@ kind = "genrule"
 outs = ["c.txt"]
 cmd = "echo fallback > $OUT/c.txt"
 
+[restart]
+kind = "genrule"
+outs = ["r"]
+cmd = "sleep 6.4242; echo survived > $OUT/r"
+
 [slow]
 kind = "genrule"
 outs = ["s"]
@@ -247,6 +252,7 @@ def test_remote_build_is_byte_identical_to_the_local_one(stack, local, root, mod
     assert run.rc == 0, run.stderr[-3000:]
     ran = {a["label"]: a["status"] for a in run.json["actions"] if a["label"].startswith("//remote:")}
     assert ran == {"//remote:a": "executed", "//remote:b": "executed"}
+    assert run.json["remote_execution"]["executed"] >= 2 and run.json["remote_execution"]["fell_back"] == 0
     b_txt = (root / "bgraph-out" / "remote" / "b" / "b.txt").read_bytes()
     assert b_txt == b"499999500000\nx\na.txt\n.\n..\ne\nf\n"
     assert server_blob(stack, hashlib.sha256(b_txt).hexdigest()) is not None  # made by a worker
@@ -281,6 +287,7 @@ def test_server_down_falls_back_locally_with_one_warning(root, module_tmp):
     warnings = [line for line in run.stderr.splitlines() if "remote execution of" in line]
     assert len(warnings) == 1 and "running it locally" in warnings[0], run.stderr[-2000:]
     assert (root / "bgraph-out" / "remote" / "local-too" / "c.txt").read_text() == "fallback\n"
+    assert run.json["remote_execution"]["fell_back"] == 1
     # Without the fallback: one error line naming the remote and the flag, no traceback.
     ws.write({"targets/remote.toml": REMOTE_TARGETS.replace("echo fallback", "echo fallback2")})
     try:
@@ -359,3 +366,30 @@ def test_ctrl_c_cancels_the_remote_operation_and_the_worker_kills_the_action(sta
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@needs_stack
+def test_buildgrid_restarted_mid_action_the_build_follows_the_same_operation(stack, root, module_tmp):
+    """bgd SIGTERMed while the action runs on a worker and started again on the same database:
+    the client's stream breaks with UNAVAILABLE, WaitExecution follows the operation once the
+    server is back, and the build finishes with the action's output."""
+    def running() -> bool:
+        return bool(subprocess.run(["pgrep", "-f", "sleep 6.4242"], capture_output=True).stdout)
+    ws = WS(root, module_tmp / "remote-cache")
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
+                             "build", "--json", "--remote-executor", stack.url, "//remote:restart"],
+                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not running():
+            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
+            time.sleep(0.2)
+        stack.grid.stop()
+        stack.grid.start()
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert (root / "bgraph-out" / "remote" / "restart" / "r").read_text() == "survived\n"

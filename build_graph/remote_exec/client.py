@@ -44,6 +44,7 @@ ISA = {"x86_64": "x86-64", "aarch64": "aarch64"}  # bgraph platform -> REAPI ISA
 RECONNECT_S = 120.0  # how long a broken Operation stream is waited on (WaitExecution) before giving up
 POLL_S = 5.0  # each Execute/WaitExecution stream is renewed this often, to look at the queue time
 MISSING_ROUNDS = 3  # uploads of MISSING blobs before the action's failure is the server's
+FIND_MISSING_BATCH = 10000  # digests per FindMissingBlobs request (about 100 bytes each)
 WRITABLE_MARK = ".bgraph-out-writable"  # see RemoteRunner._whole_out
 FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest of a build runs locally
 
@@ -276,7 +277,9 @@ class RemoteRunner:
             with self._lock:
                 ask = {h: s for h, s in sizes.items() if h not in self._present}
             try:
-                wanted = self.remote.find_missing(ask)
+                wanted, names = set(), list(ask)
+                for i in range(0, len(names), FIND_MISSING_BATCH):  # each request well under gRPC's 4 MiB
+                    wanted |= self.remote.find_missing({h: ask[h] for h in names[i:i + FIND_MISSING_BATCH]})
             except RemoteUnavailable as e:
                 raise RemoteFailure(f"FindMissingBlobs: {e}") from None
         root: Encoded = prepared["root"]
