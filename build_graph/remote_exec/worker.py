@@ -209,23 +209,30 @@ class Worker:
     def _slot(self, index: int) -> None:
         template = self._session_template(index)
         bots = BotsClient(self.remote.channel, self.instance, self.stopping)
-        try:
-            session = bots.create(template)
-            log.info("bot %s: session %s", template.bot_id, session.name)
-            while not self.stopping.is_set():
-                lease = next((le for le in session.leases if le.state in (rw.PENDING, rw.ACTIVE)), None)
-                if lease is None:
-                    try:
-                        session = bots.update(session) or session
-                    except SessionGone as e:
-                        log.info("bot %s: session gone (%s): a new one", template.bot_id, e)
-                        session = bots.create(template)
-                    continue
-                session = self._serve(index, bots, template, session, lease.id)
-        except Stopped:
-            pass
-        except Exception:  # noqa: BLE001 - a slot's end is logged, never silent
-            log.error("bot %s ended:\n%s", template.bot_id, traceback.format_exc())
+        while not self.stopping.is_set():
+            try:
+                self._bot(index, bots, template)
+            except Stopped:
+                return
+            except Exception:  # noqa: BLE001 - logged; the bot starts a new session a moment later
+                # An unexpected server answer must not leave the slot dead while the worker runs.
+                log.error("bot %s failed, starting again:\n%s", template.bot_id, traceback.format_exc())
+                self.stopping.wait(1.0)
+
+    def _bot(self, index: int, bots: BotsClient, template) -> None:
+        """One session's life: long polls, leases served, a new session where the server drops it."""
+        session = bots.create(template)
+        log.info("bot %s: session %s", template.bot_id, session.name)
+        while not self.stopping.is_set():
+            lease = next((le for le in session.leases if le.state in (rw.PENDING, rw.ACTIVE)), None)
+            if lease is None:
+                try:
+                    session = bots.update(session) or session
+                except SessionGone as e:
+                    log.info("bot %s: session gone (%s): a new one", template.bot_id, e)
+                    session = bots.create(template)
+                continue
+            session = self._serve(index, bots, template, session, lease.id)
 
     def _serve(self, index: int, bots: BotsClient, template, session, lease_id: str):
         """Run one lease while heartbeating; complete it; the session to go on with."""
@@ -274,7 +281,11 @@ class Worker:
         except SessionGone:
             return bots.create(template)
         if got is None:
-            raise Stopped()
+            if self.stopping.is_set():
+                raise Stopped()
+            # The server never took the completion (down for 10 minutes): it will have expired
+            # the session and queued the job again; a new session goes on.
+            return bots.create(template)
         return got
 
     # -- one lease -----------------------------------------------------------------------------
