@@ -398,7 +398,7 @@ def cmd_worker(args, console: Console) -> int:
     from build_graph.remote_exec.worker import main as worker_main
 
     return worker_main(args.server, args.slots, args.work_dir, args.cache, args.digest_function, args.heartbeat,
-                       args.name)
+                       args.name, args.max_cache)
 
 
 def cmd_load(args, console: Console) -> int:
@@ -694,6 +694,8 @@ def parser() -> argparse.ArgumentParser:
                                                     "(default: a third of the server's keepalive, at most 10)")
     wk.add_argument("--name", help="bot ids are NAME/0, NAME/1, ... (default: the host name); keep it across "
                                    "restarts: the server then requeues a restarted worker's jobs at once")
+    wk.add_argument("--max-cache", metavar="SIZE", help="empty the worker's cache between leases when it holds "
+                                                        "more than SIZE (e.g. 50G; default: no bound)")
     wk.set_defaults(fn=cmd_worker)
     return p
 

@@ -184,7 +184,8 @@ class ExecBuildGrid:
 class WorkerProcess:
     """`bgraph worker --slots N` as its own process (so a test can SIGKILL it)."""
 
-    def __init__(self, url: str, root: Path, name: str, slots: int = 1, heartbeat: float | None = 1.0):
+    def __init__(self, url: str, root: Path, name: str, slots: int = 1, heartbeat: float | None = 1.0,
+                 extra: tuple[str, ...] = ()):
         self.root = root / name
         self.root.mkdir(parents=True, exist_ok=True)
         self.log = self.root / "worker.log"
@@ -192,6 +193,7 @@ class WorkerProcess:
                 "--work-dir", str(self.root / "leases"), "--cache", str(self.root / "cache"), "--name", name]
         if heartbeat:
             argv += ["--heartbeat", str(heartbeat)]
+        argv += list(extra)
         # Each test worker has its own name (the bot id's first part): two workers on one host are
         # two bots, and a restart under the same name is the same bot.
         env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -235,9 +237,10 @@ class ExecStack:
     def url(self) -> str:
         return self.grid.url
 
-    def add_worker(self, name: str, slots: int = 1) -> WorkerProcess:
-        """Start one more worker process named `name` (its bot ids are name/0...)."""
-        w = WorkerProcess(self.url, self.root / "workers", name, slots)
+    def add_worker(self, name: str, slots: int = 1, extra: tuple[str, ...] = ()) -> WorkerProcess:
+        """Start one more worker process named `name` (its bot ids are name/0...); `extra`: more
+        `bgraph worker` options."""
+        w = WorkerProcess(self.url, self.root / "workers", name, slots, extra=extra)
         self.workers.append(w)
         return w
 

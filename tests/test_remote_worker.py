@@ -537,6 +537,36 @@ def test_materialized_trees_are_bounded_and_made_again(tmp_path):
     cas.close()
 
 
+def test_bounded_cache_is_emptied_between_leases(stack):
+    """--max-cache 1M: a lease that brings 5 MiB into the worker's cache leaves it emptied, and the
+    next lease needing the same input fetches it again and runs. The module's two workers are
+    stopped meanwhile so that the bounded one takes the jobs, and started again after."""
+    from build_graph.remote_exec.cache_bound import parse_size, tree_bytes
+
+    assert parse_size("1M") == 1 << 20 and parse_size("2.5G") == int(2.5 * (1 << 30))
+    names = [w.root.name for w in stack.workers]
+    for w in list(stack.workers):
+        w.stop()
+        stack.workers.remove(w)
+    bounded = stack.add_worker("bounded", extra=("--max-cache", "1M"))
+    try:
+        c = Client(stack.url)
+        big = os.urandom(5 << 20)
+        for i in range(2):
+            digest = c.action(sh(f"cat /bgraph/in/big > bgraph/out/copy; echo {i} {uuid.uuid4()}"),
+                              ["bgraph/out/copy"], files={"bgraph/in/big": (big, False)})
+            response, _, _ = c.execute(digest)
+            assert response.status.code == 0 and response.result.exit_code == 0, response.status
+            assert response.result.execution_metadata.worker == "bounded/0"
+            assert response.result.output_files[0].digest.size_bytes == len(big)
+            assert tree_bytes(bounded.root / "cache") < 1 << 20  # emptied before the lease was completed
+    finally:
+        bounded.stop()
+        stack.workers.remove(bounded)
+        for name in names:
+            stack.add_worker(name)
+
+
 def test_workers_carry_on_across_a_buildgrid_restart(stack):
     """bgd stopped mid-lease and started again on the same database: the operation still ends
     done and OK (WaitExecution), and both workers serve new actions afterwards, with sessions

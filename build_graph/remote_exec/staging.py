@@ -60,6 +60,7 @@ class Stager:
         self._dirs: dict[str, object] = {}  # Directory digest -> message (small; cleared when large)
         self._trees: OrderedDict[str, Tree] = OrderedDict()  # Directory digest -> Tree, blobs local
         self._lock = threading.Lock()
+        self.fetched_bytes = 0  # what this stager brought into the cache (worker --max-cache)
 
     # -- blobs -------------------------------------------------------------------------------
     def _have(self, digest: str, size: int) -> bool:
@@ -74,6 +75,7 @@ class Stager:
         got = self.remote.get_blobs(need)
         missing = [(h, s) for h, s in need.items() if h not in got]
         for h, data in got.items():
+            self.fetched_bytes += len(data)
             entry = self.cas.put_bytes(data)
             if entry.digest != h:
                 raise CorruptInput(f"the server's blob {h[:16]}… hashes to {entry.digest[:16]}…")

@@ -59,6 +59,7 @@ from build_graph.errors import LoadError
 from build_graph.model import Digester, FileEntry, Tree
 from build_graph.remote_exec import outputs as outs
 from build_graph.remote_exec.bots import BotsClient, SessionGone, Stopped
+from build_graph.remote_exec.cache_bound import Uses, parse_size, tree_bytes
 from build_graph.remote_exec.runner import Process, bwrap_options
 from build_graph.remote_exec.staging import (
     BadInput,
@@ -103,7 +104,8 @@ class Worker:
     """`slots` bots on one server, each running one lease at a time in the sandbox."""
 
     def __init__(self, server: str, slots: int, work_dir: Path, cache_dir: Path,
-                 digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None):
+                 digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None,
+                 max_cache: int | None = None):
         from build_graph.store.reapi_remote import ReapiRemote
 
         if not server.startswith("grpc://"):
@@ -123,6 +125,10 @@ class Worker:
         self.cas = LocalCas(self.cache_dir, Digester(fn))
         self.stager = Stager(self.remote, self.cas)
         self.trees = TreeCache(self.cas)
+        self.max_cache = max_cache
+        self.uses = Uses()
+        self._base_bytes = tree_bytes(self.cas.base) if max_cache else 0  # what earlier runs left
+        self._stored_bytes = 0  # outputs and logs stored by this run
         self.instance = self.remote.instance
         self._processes: dict[int, Process] = {}
         self._lock = threading.Lock()
@@ -290,7 +296,32 @@ class Worker:
 
     # -- one lease -----------------------------------------------------------------------------
     def _execute(self, index: int, lease, cancelled: threading.Event):
-        """Run `lease`'s action: (google.rpc.Status, ActionResult or None)."""
+        """Run `lease`'s action: (google.rpc.Status, ActionResult or None); then keep the cache
+        within --max-cache."""
+        with self.uses.lease():
+            done = self._execute_lease(index, lease, cancelled)
+        if self.max_cache and self._held_bytes() > self.max_cache:
+            self._empty_cache()
+        return done
+
+    def _held_bytes(self) -> int:
+        return self._base_bytes + self.stager.fetched_bytes + self._stored_bytes
+
+    def _empty_cache(self) -> None:
+        """Empty the worker's CAS and laid-out trees (between leases: none runs meanwhile)."""
+        with self.uses.alone():
+            if self._held_bytes() <= self.max_cache:
+                return  # another slot emptied it meanwhile
+            log.info("cache over %d bytes: emptied", self.max_cache)
+            digester = self.cas.digester
+            self.cas.close()
+            rmtree(self.cas.base)
+            self.cas = LocalCas(self.cache_dir, digester)
+            self.stager = Stager(self.remote, self.cas)
+            self.trees = TreeCache(self.cas)
+            self._base_bytes, self._stored_bytes = 0, 0
+
+    def _execute_lease(self, index: int, lease, cancelled: threading.Event):
         pb = self.remote.pb
         lease_dir = self.work_dir / f"slot-{index}" / f"lease-{uuid.uuid4().hex[:12]}"
         meta = pb.ExecutedActionMetadata(worker=f"{self.host}/{index}")
@@ -420,6 +451,7 @@ class Worker:
             entry = self.cas.put_file(path)
             got.blob(entry, self.cas.blob_path(entry.digest))
             getattr(result, f"{name}_digest").CopyFrom(pb.Digest(hash=entry.digest, size_bytes=entry.size))
+        self._stored_bytes += sum(size for size, _source in got.blobs.values())
         outs.upload(self.remote, got.blobs)
         meta.output_upload_completed_timestamp.GetCurrentTime()
         meta.worker_completed_timestamp.GetCurrentTime()
@@ -459,7 +491,8 @@ def _is_dir(path: str, mounts) -> bool:
 
 
 def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
-         digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None) -> int:
+         digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None,
+         max_cache: str | None = None) -> int:
     """`bgraph worker`: serve until SIGTERM or Ctrl-C."""
     from build_graph.sandbox import find_bwrap
 
@@ -469,7 +502,8 @@ def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
                                                      Path.home() / ".cache" / "bgraph") / "worker"
     work = Path(work_dir) if work_dir else cache / "leases"
     work.mkdir(parents=True, exist_ok=True)
-    worker = Worker(server, slots, work, cache, digest_function, heartbeat_s, name)
+    bound = parse_size(max_cache) if max_cache else None
+    worker = Worker(server, slots, work, cache, digest_function, heartbeat_s, name, bound)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     print(f"bgraph worker: {slots} slot(s) as {worker.host}/0..{slots - 1} on {server} "
