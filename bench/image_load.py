@@ -110,6 +110,7 @@ def main() -> None:
     args = p.parse_args()
     meta = json.loads((args.image_dir / "image.json").read_text())
     client, daemon = connect(30)
+    client.api.timeout = 600  # removing a GB image on a busy disk took over 30 s
     ref = meta["ref"]
     print(f"{ref}: {len(meta['layers'])} layers, "
           + ", ".join(f"{l['name']} {l['size'] / 2**20:.1f} MiB" for l in meta["layers"]) + f"; daemon {daemon}")

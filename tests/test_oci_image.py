@@ -284,6 +284,7 @@ def test_the_image_digest_is_the_same_from_two_workspaces_and_two_caches(built):
     meta_a, meta_b = (json.loads((p / "image.json").read_text()) for p in (a, b))
     assert meta_a == meta_b
     assert (a / "image.tar").read_bytes() == (b / "image.tar").read_bytes()
+    assert (a / "sbom.cdx.json").read_bytes() == (b / "sbom.cdx.json").read_bytes()
     print(f"\n//images:hello cold builds {secs_a:.1f}s / {secs_b:.1f}s; config {meta_a['config']}, "
           f"manifest {meta_a['manifest']}, layers {[(l['name'], l['size']) for l in meta_a['layers']]}")
     with tarfile.open(a / "image.tar") as t:
@@ -297,6 +298,36 @@ def test_the_image_digest_is_the_same_from_two_workspaces_and_two_caches(built):
         config = json.loads(t.extractfile(image.blob_path(meta_a["config"])).read())
         assert config["config"]["Labels"]["bgraph.target"] == "//images:hello"
         assert config["config"]["User"] == "nobody" and config["config"]["WorkingDir"] == "/app"
+
+
+@requires_bwrap
+def test_the_sbom_beside_the_image_is_valid_cyclonedx_naming_layer_target_and_sha256(built):
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    ws, link, _secs = built["a"]
+    text = (link / "sbom.cdx.json").read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    bom = json.loads(text)
+    meta = json.loads((link / "image.json").read_text())
+    props = {p["name"]: p["value"] for p in bom["metadata"]["component"]["properties"]}
+    assert props == {"bgraph:config": meta["config"], "bgraph:manifest": meta["manifest"]}
+    assert bom["metadata"]["timestamp"].startswith("1980-01-01T00:00:00")
+    by = {c["name"]: c for c in bom["components"]}
+    busybox = by["busybox-static"]
+    assert busybox["purl"].startswith("pkg:deb/debian/busybox-static@") and busybox["purl"].endswith("?arch=amd64") \
+        or busybox["purl"].endswith("?arch=arm64")
+    assert {p["name"]: p["value"] for p in busybox["properties"]} == {"bgraph:layer": "system",
+                                                                      "bgraph:target": "//images:busybox"}
+    assert {p["name"]: p["value"] for p in by["//images:hello-app"]["properties"]}["bgraph:layer"] == "app"
+    # a wheel bgraph built: its sha256
+    run = ws.build("//imgtest:py")
+    out = Path(run.json["outputs"]["//imgtest:py"])
+    wheel = next(c for c in json.loads((out / "sbom.cdx.json").read_text())["components"] if c["name"] == "bgdemo")
+    props = {p["name"]: p["value"] for p in wheel["properties"]}
+    assert props["bgraph:target"] == "//imgtest:demo-wheel" and props["bgraph:layer"] == "demo"
+    built_wheel = next(Path(ws.build("//imgtest:demo-wheel").json["outputs"]["//imgtest:demo-wheel"]).glob("*.whl"))
+    assert wheel["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(built_wheel.read_bytes()).hexdigest()}]
 
 
 @requires_bwrap
@@ -571,3 +602,62 @@ def test_a_daemon_too_old_is_refused_before_anything_is_sent(monkeypatch):
         server.shutdown()
         server.server_close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# -- the vLLM runtime image, for real (slow: 8 GB of layers) ---------------------------------------------
+VLLM_BASE_DISK_GB = 45  # the wheels (4 GB), their unpacked trees (8.5), the layers (8.5), the daemon's copy and its load staging (17)
+
+
+@pytest.mark.slow
+@requires_bwrap
+@requires_dockerd
+def test_the_vllm_runtime_image_imports_torch_with_no_network_and_an_edit_reloads_one_layer(dockerd, tmp_path):
+    """//images:vllm-base from the pinned closure (locks/vllm-runtime.lock.json): loaded through the
+    SDK, run with no network, `import torch, flashinfer` and TLS's CA bundle work; an edit of the top
+    layer rebuilds that layer alone and `bgraph load` sends it alone."""
+    free_gb = shutil.disk_usage(tmp_path).free / 1e9
+    if free_gb < VLLM_BASE_DISK_GB:
+        pytest.skip(f"needs {VLLM_BASE_DISK_GB} GB of free disk for the 8 GB image and its copies, {free_gb:.1f} GB free")
+    host, client = dockerd
+    ws = WS(workspace_copy(tmp_path / "ws"), tmp_path / "cache")
+    start = time.monotonic()
+    run = ws.build("//images:vllm-base", args=("-j2",))
+    assert run.rc == 0, run.stderr[-3000:]
+    cold = time.monotonic() - start
+    layout = Path(run.json["outputs"]["//images:vllm-base"])
+    meta = json.loads((layout / "image.json").read_text())
+    assert [l["name"] for l in meta["layers"]] == ["system", "cuda", "torch", "deps", "flashinfer"]
+    loaded = _load(ws, host, "//images:vllm-base")
+    assert (loaded["status"], loaded["layers_sent"]) == ("loaded", 5), loaded
+    check = ("import sys, ssl, torch, flashinfer, transformers, fastapi; "
+             "print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), flashinfer.__version__, "
+             "ssl.create_default_context().cert_store_stats()['x509_ca'] > 100)")
+    container = client.containers.run("localhost/bgraph/vllm-base:0.33.0", ["/usr/bin/python3", "-c", check],
+                                      network_mode="none", detach=True, cgroup_parent=f"/{CGROUP}", mem_limit="4g")
+    try:
+        status = container.wait(timeout=600)
+        logs = container.logs().decode()
+    finally:
+        container.remove(force=True)
+    assert status["StatusCode"] == 0, logs
+    assert logs == "3.11.2 2.14.0+cu130 False 0.7.2.post1 True\n", logs
+    config = client.images.get("localhost/bgraph/vllm-base:0.33.0").attrs["Config"]
+    assert {"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+            "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas"} <= set(config["Env"])
+
+    toml = ws.root / "targets" / "images.toml"
+    text = toml.read_text()
+    top = '{ name = "flashinfer", from = [{ tree = "//runtime:flashinfer-pypi", at = "usr/local/lib/python3.11/dist-packages" }] }'
+    assert top in text
+    toml.write_text(text.replace(top, top[:-2] + ', files = { "etc/bgraph-edit" = "one edit" } }'))
+    edited = ws.build("//images:vllm-base", args=("-j2",))
+    assert edited.rc == 0, edited.stderr[-3000:]
+    ran = [a["name"] for a in edited.json["actions"] if a.get("status") == "executed"]
+    assert sorted(ran) == ["image layout localhost/bgraph/vllm-base:0.33.0", "layer flashinfer"], ran
+    meta2 = json.loads((Path(edited.json["outputs"]["//images:vllm-base"]) / "image.json").read_text())
+    assert meta2["layers"][:4] == meta["layers"][:4] and meta2["layers"][4] != meta["layers"][4]
+    thin = _load(ws, host, "//images:vllm-base")
+    assert (thin["status"], thin["layers_sent"]) == ("loaded", 1), thin
+    print(f"\n//images:vllm-base cold build {cold:.0f}s; layers {[(l['name'], l['size']) for l in meta['layers']]}; "
+          f"load {loaded['bytes_sent']} B in {loaded['seconds']}s; after the edit {thin['bytes_sent']} B in "
+          f"{thin['seconds']}s")

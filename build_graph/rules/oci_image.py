@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import configparser
 import fnmatch
+import hashlib
 import json
 import posixpath
 import re
@@ -37,7 +38,8 @@ from pydantic import Field, field_validator, model_validator
 
 from build_graph.debian import DEB_ARCH
 from build_graph.model import FileEntry, SymlinkEntry, TargetOutput, Tree, check_relpath
-from build_graph.oci import image
+from build_graph.labels import parse_label
+from build_graph.oci import image, sbom
 from build_graph.rules.base import BASE_ENV, Attrs, PlanGen, RuleContext
 from build_graph.rules.python_env import site_packages
 
@@ -50,6 +52,9 @@ _USER = re.compile(r"^(root|nobody|\d+)(:(root|nogroup|\d+))?$")
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
 SYSTEM_DIRS = {"tmp": 0o1777, "root": 0o700}
+# Writes the SBOM (made in the plan) from its argv chunks: one argument may hold at most 128 KiB.
+SBOM_SCRIPT = "import sys\nopen(sys.argv[1], 'w').write(''.join(sys.argv[2:]))\n"
+SBOM_CHUNK = 64 << 10
 CA_DIR = "usr/share/ca-certificates"
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 # What ca-certificates' postinst (update-ca-certificates) writes, with the same bytes: every
@@ -285,6 +290,10 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         bottom = _Layer("system")
         bottom.tree = system.tree
         layers.append(bottom)
+        items = [sbom.Item("deb", n, v, "system", _label(ctx, a.system), arch=system.info.get("architecture"))
+                 for n, v in sorted(system.info.get("packages", {}).items())]
+    else:
+        items = []
     tools = ctx.dep(a.tools, "tools")
     # No maintainer script runs: the CA bundle update-ca-certificates would write is made here.
     certs = Tree.from_checked({p: e for p, e in (layers[0].tree.subtree(CA_DIR).entries.items() if layers else ())
@@ -319,6 +328,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         trees = []
         for p in group.parts:
             tree = wheel_trees[id(p)] if p.wheel else ctx.dep(p.tree, "layers").tree
+            items += _items(ctx, p, group.name)
             tree = _select(tree, p.include, p.exclude)
             if not tree.entries:
                 raise ctx.fail(f"layer {group.name}: {p.tree or p.wheel} gives no files"
@@ -394,23 +404,52 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         mount = f"/bgraph/in/layers/{i}"
         inputs[mount] = Tree({"layer.tar": out.tree.entries["layer.tar"]})
         members.setdefault(image.blob_path(layer.digest), {"file": f"{mount}/layer.tar"})
+    text = sbom.render(ref=ref, tag=a.tag, config=docs.config_digest, manifest=docs.manifest_digest, epoch=EPOCH,
+                       items=items)
+    chunks = [text[i:i + SBOM_CHUNK] for i in range(0, len(text), SBOM_CHUNK)]
+    sbom_action = ctx.exec_action("image sbom", "OciSbom",
+                                  ["/usr/bin/python3", "-I", "-S", "-c", SBOM_SCRIPT, "/bgraph/out/sbom.cdx.json", *chunks],
+                                  inputs={}, outputs=["sbom.cdx.json"], host=tools, memory_mb=64)
+    summary["sbom"] = "sbom.cdx.json"
     meta_text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
     if not a.archive:
         texts = {p: m for p, m in members.items() if "text" in m}
         spec = {"out": "/bgraph/out", "members": texts, "meta": "/bgraph/out/image.json", "meta_text": meta_text}
-        [docs_out] = yield [ctx.exec_action(
+        [docs_out, bom] = yield [ctx.exec_action(
             f"image layout {ref}", "OciLayout",
             ["/usr/bin/python3", "-I", "-S", "-c", script, "layout", json.dumps(spec, sort_keys=True)],
-            inputs={}, outputs=["image.json", *sorted(texts)], host=tools, memory_mb=128)]
+            inputs={}, outputs=["image.json", *sorted(texts)], host=tools, memory_mb=128), sbom_action]
         blobs = Tree({image.blob_path(l.digest): out.tree.entries["layer.tar"] for l, out in zip(described, written)})
-        return TargetOutput(docs_out.tree.merged(blobs), {**summary, "layout": True})
+        return TargetOutput(docs_out.tree.merged(blobs, bom.tree), {**summary, "layout": True})
     spec = {"out": "/bgraph/out/image.tar", "mtime": EPOCH, "members": members, "meta": "/bgraph/out/image.json",
             "meta_text": meta_text}
-    [archive] = yield [ctx.exec_action(
+    [archive, bom] = yield [ctx.exec_action(
         f"image {ref}", "OciImage",
         ["/usr/bin/python3", "-I", "-S", "-c", script, "image", json.dumps(spec, sort_keys=True)],
-        inputs=inputs, outputs=["image.tar", "image.json"], host=tools, memory_mb=256)]
-    return TargetOutput(archive.tree, {**summary, "image": "image.tar"})
+        inputs=inputs, outputs=["image.tar", "image.json"], host=tools, memory_mb=256), sbom_action]
+    return TargetOutput(archive.tree.merged(bom.tree), {**summary, "image": "image.tar"})
+
+
+def _label(ctx: RuleContext, text: str) -> str:
+    return str(parse_label(text, package=ctx.label.package, where=ctx.where("layers")))
+
+
+def _items(ctx: RuleContext, part: Part, layer: str) -> list[sbom.Item]:
+    """What one part of a layer brings, for the SBOM: the locked wheels of a python_lock tree (with
+    their sha256), a bgraph-built wheel (its sha256), or another target's tree."""
+    label = _label(ctx, part.tree or part.wheel)
+    out = ctx.dep(part.tree or part.wheel, "layers")
+    if part.wheel:
+        name = out.info["wheel"]
+        dist, version = name.split("-")[:2]
+        digest = hashlib.sha256(ctx.read(out.tree.entries[name])).hexdigest()
+        return [sbom.Item("wheel", dist, version, layer, label, sha256=digest, extra=(("file", name),))]
+    wheels = out.info.get("wheels")
+    if isinstance(wheels, dict):  # a python_lock target: every wheel it unpacked
+        return [sbom.Item("pypi", n, out.info["packages"][n], layer, label, sha256=w["sha256"],
+                          extra=(("file", w["filename"]), ("lock", out.info["lock"])))
+                for n, w in sorted(wheels.items())]
+    return [sbom.Item("tree", label, None, layer, label)]
 
 
 def _check(ctx: RuleContext, layers: list[_Layer]) -> None:
