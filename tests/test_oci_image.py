@@ -653,7 +653,7 @@ def test_the_vllm_runtime_image_imports_torch_with_no_network_and_an_edit_reload
     edited = ws.build("//images:vllm-base", args=("-j2",))
     assert edited.rc == 0, edited.stderr[-3000:]
     ran = [a["name"] for a in edited.json["actions"] if a.get("status") == "executed"]
-    assert sorted(ran) == ["image layout localhost/bgraph/vllm-base:0.33.0", "layer flashinfer"], ran
+    assert sorted(ran) == ["image layout localhost/bgraph/vllm-base:0.33.0", "image sbom", "layer flashinfer"], ran
     meta2 = json.loads((Path(edited.json["outputs"]["//images:vllm-base"]) / "image.json").read_text())
     assert meta2["layers"][:4] == meta["layers"][:4] and meta2["layers"][4] != meta["layers"][4]
     thin = _load(ws, host, "//images:vllm-base")
