@@ -393,3 +393,37 @@ def test_buildgrid_restarted_mid_action_the_build_follows_the_same_operation(sta
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
     assert (root / "bgraph-out" / "remote" / "restart" / "r").read_text() == "survived\n"
+
+
+@pytest.fixture(scope="module")
+def small_grid(tmp_path_factory):
+    """A second stack whose bgd takes 6 concurrent RPCs (thread-pool-size), one worker of 2 slots."""
+    if missing_reason() is not None:
+        pytest.skip(missing_reason())
+    from remote_exec_servers import ExecBuildGrid, Postgres, WorkerProcess
+    root = tmp_path_factory.mktemp("small")
+    pg = Postgres()
+    grid = worker = None
+    try:
+        grid = ExecBuildGrid(root / "bgd", pg.url, threads=6)
+        worker = WorkerProcess(grid.url, root, "busy", slots=2)
+        yield grid
+    finally:
+        for part in (worker, grid, pg):
+            if part is not None:
+                part.stop()
+
+
+@needs_stack
+def test_more_executes_than_the_servers_threads_are_absorbed(small_grid, root, module_tmp):
+    """12 Executes in flight against a server that serves 6 RPCs at once: the client backs off
+    on RESOURCE_EXHAUSTED (Execute and CAS calls alike) and every action completes."""
+    ws = WS(root, module_tmp / "remote-cache")
+    ws.write({"targets/busy.toml": "".join(f'[b{i}]\nkind = "genrule"\nouts = ["o"]\ncmd = "echo busy-{i} > $OUT/o"\n\n'
+                                           for i in range(12))})
+    run = ws.cli("build", "--json", "--remote-executor", small_grid.url, "--remote-jobs", "12", "//busy:all",
+                 timeout=600)
+    assert run.rc == 0, run.stderr[-3000:]
+    assert run.json["remote_execution"]["executed"] + run.json["remote_execution"]["cached"] == 12
+    assert run.json["remote_execution"]["backed_off"] > 0 and run.json["remote_execution"]["fell_back"] == 0
+    assert (root / "bgraph-out" / "busy" / "b7" / "o").read_text() == "busy-7\n"

@@ -44,6 +44,7 @@ ISA = {"x86_64": "x86-64", "aarch64": "aarch64"}  # bgraph platform -> REAPI ISA
 RECONNECT_S = 120.0  # how long a broken Operation stream is waited on (WaitExecution) before giving up
 POLL_S = 5.0  # each Execute/WaitExecution stream is renewed this often, to look at the queue time
 MISSING_ROUNDS = 3  # uploads of MISSING blobs before the action's failure is the server's
+MAX_BACK_OFFS = 40  # RESOURCE_EXHAUSTED answers absorbed per call (back-off doubling to 10 s: minutes)
 FIND_MISSING_BATCH = 10000  # digests per FindMissingBlobs request (about 100 bytes each)
 WRITABLE_MARK = ".bgraph-out-writable"  # see RemoteRunner._whole_out
 FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest of a build runs locally
@@ -79,7 +80,7 @@ class RemoteRunner:
         self.local_fallback, self.queue_timeout_s = local_fallback, queue_timeout_s
         self.skip_cache_lookup = skip_cache_lookup
         self.warn = warn or (lambda message: None)
-        self.slots = threading.BoundedSemaphore(max(1, jobs))
+        self.slots = Window(max(1, jobs))
         self.local_slots = threading.BoundedSemaphore(max(1, local_jobs))
         self.stopping = False
         self._lock = threading.Lock()
@@ -279,7 +280,8 @@ class RemoteRunner:
             try:
                 wanted, names = set(), list(ask)
                 for i in range(0, len(names), FIND_MISSING_BATCH):  # each request well under gRPC's 4 MiB
-                    wanted |= self.remote.find_missing({h: ask[h] for h in names[i:i + FIND_MISSING_BATCH]})
+                    batch = {h: ask[h] for h in names[i:i + FIND_MISSING_BATCH]}
+                    wanted |= self._transient(lambda b=batch: self.remote.find_missing(b))
             except RemoteUnavailable as e:
                 raise RemoteFailure(f"FindMissingBlobs: {e}") from None
         root: Encoded = prepared["root"]
@@ -294,9 +296,9 @@ class RemoteRunner:
                 small[h] = data
                 total += len(data)
                 if total > 64 << 20:  # bounded memory: send what is gathered
-                    self.remote.put_blobs(small)
+                    self._transient(lambda b=small: self.remote.put_blobs(b))
                     small, total = {}, 0
-            self.remote.put_blobs(small)
+            self._transient(lambda b=small: self.remote.put_blobs(b))
         except RemoteUnavailable as e:
             raise RemoteFailure(f"uploading inputs: {e}") from None
         except NotRemotable as e:
@@ -311,7 +313,7 @@ class RemoteRunner:
         grpc = self.grpc
         self._upload(prepared)
         reuploaded, missing_rounds, backoff = False, 0, 0.2
-        attempts_unavailable = 0
+        attempts_unavailable, busy = 0, 0
         while True:
             if self.stopping:
                 raise RemoteFailure("interrupted")
@@ -327,7 +329,8 @@ class RemoteRunner:
                         self.stats["reuploaded"] += 1
                     self._upload(prepared, everything=True)
                     continue
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and busy < MAX_BACK_OFFS:
+                    busy += 1
                     backoff = self._back_off(backoff)
                     continue
                 if code == grpc.StatusCode.UNAVAILABLE and attempts_unavailable < 3:
@@ -337,6 +340,7 @@ class RemoteRunner:
                 raise RemoteFailure(f"{code.name}: {text}"[:300]) from None
             status = response.status
             if status.code == 0:
+                self.slots.done()
                 return response
             if status.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]:
                 missing = self._missing(status)
@@ -347,13 +351,37 @@ class RemoteRunner:
                         self.stats["missing_uploaded"] += len(missing)
                     self._upload(prepared, only=missing)
                     continue
-            if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]:
+            if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and busy < MAX_BACK_OFFS:
+                busy += 1
                 backoff = self._back_off(backoff)
                 continue
             name = _code_name(grpc, status.code)
             raise RemoteFailure(f"{name}: {status.message}"[:300])
 
+    def _transient(self, call):
+        """One CAS call, made again while the server answers RESOURCE_EXHAUSTED (its RPC limit:
+        every open Execute stream holds one of its threads) or, a few times, UNAVAILABLE."""
+        backoff, unavailable, busy = 0.2, 0, 0
+        while True:
+            try:
+                return call()
+            except RemoteUnavailable as e:
+                text = str(e)
+                if self.stopping:
+                    raise
+                if (text.startswith("RESOURCE_EXHAUSTED") or "status 8 " in text) and busy < MAX_BACK_OFFS:
+                    busy += 1
+                    backoff = self._back_off(backoff)
+                elif text.startswith("UNAVAILABLE") and unavailable < 3:
+                    unavailable += 1
+                    backoff = self._back_off(backoff)
+                else:
+                    raise
+
     def _back_off(self, backoff: float) -> float:
+        """Sleep before a retry the server asked for by being busy (or briefly away), and send
+        fewer Executes at once for a while (Window)."""
+        self.slots.busy()
         with self._lock:
             self.stats["backed_off"] += 1
         time.sleep(backoff * (0.5 + random.random()))
@@ -517,7 +545,7 @@ class RemoteRunner:
     def _blobs(self, sizes: dict[str, int]) -> dict[str, bytes]:
         """Blobs from the server, each checked against its digest."""
         try:
-            got = self.remote.get_blobs(sizes) if sizes else {}
+            got = self._transient(lambda: self.remote.get_blobs(sizes)) if sizes else {}
         except (RemoteUnavailable, BodyTooLarge) as e:
             raise RemoteFailure(f"fetching outputs: {e}") from None
         for h in sizes:
@@ -574,6 +602,39 @@ class RemoteRunner:
             if child is None:
                 raise RemoteFailure(f"the output tree names directory {d.digest.hash[:16]}… it does not hold")
             self._walk(child, f"{prefix}/{d.name}" if prefix else d.name, children, files, entries)
+
+
+class Window:
+    """The Executes in flight: at most `limit`, which halves when the server says it is busy
+    (RESOURCE_EXHAUSTED: BuildGrid serves thread-pool-size RPCs at once, every open Execute
+    stream holds one, and its workers need some to fetch inputs) and grows back by one per
+    `limit` operations done, up to --remote-jobs (TCP's additive increase, multiplicative
+    decrease)."""
+
+    def __init__(self, most: int):
+        self.most, self.limit, self.n = most, float(most), 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> "Window":
+        with self._cond:
+            while self.n >= max(1, int(self.limit)):
+                self._cond.wait()
+            self.n += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self.n -= 1
+            self._cond.notify_all()
+
+    def busy(self) -> None:
+        with self._cond:
+            self.limit = max(1.0, min(self.limit, float(self.n)) / 2)
+
+    def done(self) -> None:
+        with self._cond:
+            self.limit = min(float(self.most), self.limit + 1 / self.limit)
+            self._cond.notify_all()
 
 
 def _code_name(grpc, code: int) -> str:
