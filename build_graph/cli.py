@@ -219,9 +219,36 @@ def _query(ws: Workspace, args) -> int:
 
 
 def cmd_why(args, console: Console) -> int:
+    if args.dest.startswith("/") and not args.dest.startswith("//"):  # a path inside an image?
+        ws = _workspace(args, create=False)
+        if ws.target(parse_label(args.source)).kind == "oci_image":
+            return _why_image_path(ws, parse_label(args.source), args)
     if not args.dest.startswith("//"):  # a patch or a file: down to the actions of the last build that read it
         return _why_file(args, _workspace(args, create=False))
     return _answered("why", args, {"source": args.source, "dest": args.dest}, lambda ws: _why_labels(ws, args))
+
+
+def _why_image_path(ws: Workspace, label, args) -> int:
+    """`bgraph why //images:X /path`: the layer, target and package of a path in the built image."""
+    import dataclasses
+
+    from build_graph.oci.why import ImageWhyError, origin
+    from build_graph.workspace import host_platform
+
+    platform = args.platform or ws.target(label).attrs.platform or host_platform()
+    rel = f"{label.package}/{label.name}"
+    image_dir = ws.root / "bgraph-out" / (rel if platform == host_platform() else f"{platform}/{rel}")
+    if not (image_dir / "image.json").is_file():
+        flag = f" --platform {platform}" if platform != host_platform() else ""
+        raise ImageWhyError(f"{label} has no built image for {platform} ({image_dir} is missing)",
+                            hint=f"build it first: bgraph build{flag} {label}")
+    found = origin(image_dir, args.dest)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(found), indent=1))
+    else:
+        for line in found.lines():
+            _stdout().print(_escape(line), highlight=False)
+    return 0
 
 
 def _why_labels(ws: Workspace, args) -> int:
@@ -623,7 +650,8 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("why", help="the dependency paths from A to B, as a tree; with a patch or a file as B, "
                                    "down to the TUs, archs and actions of A's last build that read it")
     w.add_argument("source")
-    w.add_argument("dest", help="a label, or a patch or file path")
+    w.add_argument("dest", help="a label, or a patch or file path; for an oci_image A, an absolute path in the "
+                                "image (its layer, target and package)")
     w.add_argument("--json", action="store_true", help="(patch or file) the reading actions as JSON")
     w.add_argument("--platform", choices=["x86_64", "aarch64"],
                    help="(patch or file) the last build of A for this platform (as build's; default: A's own)")

@@ -331,6 +331,32 @@ def test_the_sbom_beside_the_image_is_valid_cyclonedx_naming_layer_target_and_sh
 
 
 @requires_bwrap
+def test_why_names_the_layer_target_and_package_of_a_path_in_the_image(built):
+    ws, _link, _secs = built["a"]
+    assert ws.build("//imgtest:py", "//imgtest:py-layout").rc == 0
+    wheel = next(Path(ws.build("//imgtest:demo-wheel").json["outputs"]["//imgtest:demo-wheel"]).glob("*.whl"))
+    for label in ("//imgtest:py", "//imgtest:py-layout"):  # read out of image.tar, and from the layout's blobs
+        run = ws.cli("why", label, "/usr/local/lib/python3.11/dist-packages/bgdemo/__init__.py")
+        assert run.rc == 0, run.output
+        lines = run.stdout.splitlines()
+        assert lines[0].startswith("/usr/local/lib/python3.11/dist-packages/bgdemo/__init__.py: layer demo (2 of 2, "
+                                   "sha256:"), lines
+        assert lines[0].endswith("placed by //imgtest:demo-wheel"), lines
+        assert lines[1] == (f"  package bgdemo 1.0 ({wheel.name}, sha256 "
+                            f"{hashlib.sha256(wheel.read_bytes()).hexdigest()})"), lines
+    run = ws.cli("why", "--json", "//imgtest:py", "/usr/bin/python3.11")
+    assert run.rc == 0, run.output
+    assert (run.json["layer"], run.json["index"], run.json["targets"]) == ("system", 1, ["//images:base-python"])
+    run = ws.cli("why", "//imgtest:py", "/etc/ssl/certs/ca-certificates.crt")
+    assert run.rc == 0 and run.stdout.startswith("/etc/ssl/certs/ca-certificates.crt: layer system"), run.output
+    run = ws.cli("why", "//imgtest:py", "/usr/bin/no-such-tool")
+    assert run.rc != 0 and "Traceback" not in run.stderr
+    assert "/usr/bin/no-such-tool is in no layer of localhost/bgraph/py:latest" in run.stderr, run.stderr
+    run = ws.cli("why", "--platform", "aarch64", "//imgtest:py", "/usr/bin/python3.11")
+    assert run.rc != 0 and "hint: build it first: bgraph build --platform aarch64 //imgtest:py" in run.stderr, run.stderr
+
+
+@requires_bwrap
 def test_the_aarch64_image_holds_aarch64_programs(built):
     ws, _link, _secs = built["a"]
     run = ws.build("//images:hello", args=("--platform", "aarch64"))
