@@ -427,3 +427,19 @@ def test_more_executes_than_the_servers_threads_are_absorbed(small_grid, root, m
     assert run.json["remote_execution"]["executed"] + run.json["remote_execution"]["cached"] == 12
     assert run.json["remote_execution"]["backed_off"] > 0 and run.json["remote_execution"]["fell_back"] == 0
     assert (root / "bgraph-out" / "busy" / "b7" / "o").read_text() == "busy-7\n"
+
+
+def test_bad_remote_execution_settings_are_one_line_each(root, module_tmp):
+    """A non-grpc address (flag or [remote] executor) and a --remote-jobs below 1: one error line
+    with a hint, before anything is planned, never a traceback."""
+    ws = WS(root, module_tmp / "bad-cache")
+    run = ws.cli("build", "--remote-executor", "http://127.0.0.1:1", "//remote:a")
+    assert run.rc != 0 and "is not a grpc:// or grpcs:// address" in run.stderr and "hint:" in run.stderr
+    assert "Traceback" not in run.stderr
+    run = ws.cli("build", "--remote-executor", "grpc://127.0.0.1:1", "--remote-jobs", "0", "//remote:a")
+    assert run.rc != 0 and "--remote-jobs 0: give at least 1" in run.stderr and "Traceback" not in run.stderr
+    config = module_tmp / "user-config.toml"
+    config.write_text('[remote]\nexecutor = "127.0.0.1:8980"\n')
+    run = ws.cli("build", "//remote:a", env={"BGRAPH_CONFIG": str(config)})
+    assert run.rc != 0 and "'127.0.0.1:8980'" in run.stderr and "[remote] executor" in run.stderr
+    assert "Traceback" not in run.stderr
