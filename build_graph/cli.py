@@ -79,10 +79,12 @@ def cmd_build(args, console: Console) -> int:
         overrides["trusted_keys"] = args.remote_trusted_key
     if args.remote_allow_unsigned:
         overrides["allow_unsigned"] = True
+    _check_remote_execution(args)
     overrides.update({k: v for k, v in (("executor", args.remote_executor), ("jobs", args.remote_jobs)) if v})
     if args.remote_local_fallback:
         overrides["local_fallback"] = True
     remote = remote_settings(ws, overrides)
+    _check_executor(remote.executor)
     options = BuildOptions(
         remote=remote if remote.url else None,
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
@@ -596,6 +598,21 @@ def _disk_full(args, e: OSError) -> BgraphError:
         return BgraphError(f"no space left on the disk holding {written}",
                            hint="free disk space there (or write that file elsewhere); the cache was not changed")
     return disk_full(cache)
+
+
+def _check_remote_execution(args) -> None:
+    """--remote-jobs below 1: one clear line before anything runs (not pydantic's traceback)."""
+    from build_graph.errors import UsageError
+    if args.remote_jobs is not None and args.remote_jobs < 1:
+        raise UsageError(f"--remote-jobs {args.remote_jobs}: give at least 1", hint="e.g. --remote-jobs 16")
+
+
+def _check_executor(url: str | None) -> None:
+    """The remote executor's address, from the flag or a config file: grpc:// or grpcs:// only."""
+    from build_graph.errors import UsageError
+    if url and not url.startswith(("grpc://", "grpcs://")):
+        raise UsageError(f"remote executor {url!r} (--remote-executor or [remote] executor) is not a grpc:// or "
+                         "grpcs:// address", hint="give grpc://HOST:PORT[/instance] (a REAPI Execution service)")
 
 
 def parser() -> argparse.ArgumentParser:
