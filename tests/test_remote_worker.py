@@ -537,6 +537,23 @@ def test_materialized_trees_are_bounded_and_made_again(tmp_path):
     cas.close()
 
 
+def test_idle_worker_stops_at_once(stack):
+    """SIGTERM to a worker waiting in its long polls: it leaves them and exits 0 within a second
+    or two, not after the server's poll time (8 s here)."""
+    w = stack.add_worker("idle", slots=2)
+    try:
+        wait_until(lambda: w.log.read_text(errors="replace").count(": session ") >= 2, 60,
+                   "both bots of the idle worker to have sessions")
+        time.sleep(1.0)  # inside a long poll now
+        start = time.time()
+        w.proc.terminate()
+        assert w.proc.wait(timeout=30) == 0
+        assert time.time() - start < 4, f"took {time.time() - start:.1f} s to stop"
+    finally:
+        w.stop()
+        stack.workers.remove(w)
+
+
 def test_bounded_cache_is_emptied_between_leases(stack):
     """--max-cache 1M: a lease that brings 5 MiB into the worker's cache leaves it emptied, and the
     next lease needing the same input fetches it again and runs. The module's two workers are

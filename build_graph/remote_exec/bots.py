@@ -53,7 +53,12 @@ class BotsClient:
             if self.stopping.is_set():
                 raise Stopped()
             try:
-                return self._create(request, timeout=self.poll_s)
+                call = self._create.future(request, timeout=self.poll_s)
+                while not call.done():  # a long poll: left as soon as the worker stops
+                    if self.stopping.wait(0.1):
+                        call.cancel()
+                        raise Stopped()
+                return call.result()
             except self.grpc.RpcError as e:
                 code = e.code()
                 if code not in (self.grpc.StatusCode.UNAVAILABLE, self.grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -63,13 +68,22 @@ class BotsClient:
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    def update(self, session: rw.BotSession, timeout_s: float | None = None) -> rw.BotSession | None:
+    def update(self, session: rw.BotSession, timeout_s: float | None = None,
+               interruptible: bool = False) -> rw.BotSession | None:
         """UpdateBotSession: the server's session, or None where the call timed out or the server
         is unavailable (the caller keeps its own and calls again). SessionGone where the server
-        no longer knows the session."""
+        no longer knows the session. An `interruptible` call (an idle long poll) is cancelled as
+        soon as the worker stops (Stopped), rather than holding its exit for the poll's 8 s."""
         request = rw.UpdateBotSessionRequest(name=session.name, bot_session=session)
         try:
-            return self._update(request, timeout=timeout_s or self.poll_s)
+            if not interruptible:
+                return self._update(request, timeout=timeout_s or self.poll_s)
+            call = self._update.future(request, timeout=timeout_s or self.poll_s)
+            while not call.done():
+                if self.stopping.wait(0.1):
+                    call.cancel()
+                    raise Stopped()
+            return call.result()
         except self.grpc.RpcError as e:
             code = e.code()
             if code == self.grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -233,7 +233,7 @@ class Worker:
             lease = next((le for le in session.leases if le.state in (rw.PENDING, rw.ACTIVE)), None)
             if lease is None:
                 try:
-                    session = bots.update(session) or session
+                    session = bots.update(session, interruptible=True) or session
                 except SessionGone as e:
                     log.info("bot %s: session gone (%s): a new one", template.bot_id, e)
                     session = bots.create(template)
