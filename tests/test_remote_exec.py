@@ -443,3 +443,22 @@ def test_bad_remote_execution_settings_are_one_line_each(root, module_tmp):
     run = ws.cli("build", "//remote:a", env={"BGRAPH_CONFIG": str(config)})
     assert run.rc != 0 and "'127.0.0.1:8980'" in run.stderr and "[remote] executor" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@needs_stack
+def test_early_cutoff_and_no_op_after_remote_runs(stack, root, module_tmp):
+    """A dependency run again remotely to identical bytes cuts its dependent off (the remote
+    result is filed under bgraph's key like a local one); the next build is a no-op."""
+    ws = WS(root, module_tmp / "remote-cache")
+    assert ws.build("//remote:b", args=remote_args(stack)).rc == 0
+    ws.write({"targets/remote.toml": REMOTE_TARGETS.replace("cmd = \"python3 -c", "cmd = \"true; python3 -c")})
+    try:
+        run = ws.build("//remote:b", args=remote_args(stack))
+        assert run.rc == 0, run.stderr[-2000:]
+        ran = {a["label"]: a["status"] for a in run.json["actions"] if a["label"].startswith("//remote:")}
+        assert ran == {"//remote:a": "executed", "//remote:b": "cutoff"}
+        assert run.json["remote_execution"]["executed"] + run.json["remote_execution"]["cached"] == 1
+        again = ws.build("//remote:b", args=remote_args(stack))
+        assert again.rc == 0 and again.json["executed"] == 0 and "remote_execution" not in again.json
+    finally:
+        ws.write({"targets/remote.toml": REMOTE_TARGETS})
