@@ -181,7 +181,7 @@ class Engine:
 
     def runs_remotely(self, action: Action) -> bool:
         """Whether `action` is sent to the remote executor (its memory is not this machine's)."""
-        return self.options.remote_executor is not None and action.kind == "exec"
+        return self.options.remote_executor is not None and action.kind == "exec" and not action.host_paths
 
     def probe_host(self, tools: tuple[str, ...]) -> tuple[HostTool, ...]:
         if tools not in self._host_cache:
