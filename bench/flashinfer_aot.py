@@ -20,7 +20,10 @@ module set by name (its own build step, `build_jit_specs` and ninja, runs unchan
 
 CPU: bgraph's is its actions' CPU (its --json, measured in each sandbox's cgroup) plus its own
 process's (RUSAGE_CHILDREN: planning, hashing, starting sandboxes); FlashInfer's is RUSAGE_CHILDREN
-of its process tree (Python's enumeration and ninja's compilers). The machine's other load during each build
+of its process tree (Python's enumeration and ninja's compilers). Where a cgroup can be made
+(bench/cpu_group.py), each side's build also runs in one of its own: "group_cpu" is then exact for
+both, whatever else the machine runs, and bgraph's "engine_exact" is its group less its actions'
+(RUSAGE_CHILDREN counts bwrap's outer process twice: it runs in the action's cgroup too). The machine's other load during each build
 (CPU of processes not ours, sampled) is printed beside: walls on a shared machine measure the queue.
 
 Usage: python3 bench/flashinfer_aot.py [--work /tmp/bgraph-fi-bench] [--venv DIR] [--steps cold,edit,arch]
@@ -44,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 from arch_cache import Meter, rmtree  # noqa: E402
+from cpu_group import CpuGroup  # noqa: E402
 from bgraph_testlib import hermetic_env, workspace_copy  # noqa: E402
 from vllm_own import ninja_log_edges  # noqa: E402
 
@@ -82,9 +86,11 @@ aot.main()
 '''
 
 
-def bgraph(ws: Path, cache: Path, *args: str) -> dict:
-    """`bgraph --json ARGS` on the bench workspace; exits with its tail if it fails."""
-    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), *args],
+def bgraph(ws: Path, cache: Path, *args: str, group: CpuGroup | None = None) -> dict:
+    """`bgraph --json ARGS` on the bench workspace (inside `group` where given); exits with its
+    tail if it fails."""
+    argv = [sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), *args]
+    proc = subprocess.run(group.wrap(argv) if group is not None else argv,
                           capture_output=True, text=True, env=hermetic_env(), cwd=ws)
     try:
         out = json.loads(proc.stdout)
@@ -118,11 +124,19 @@ def edited(text: str) -> str:
 
 def bgraph_step(ws: Path, cache: Path, label: str, jobs: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with Meter() as m:
-        out = bgraph(ws, cache, "build", "--json", "-j", str(jobs), label)
+    group = CpuGroup.make()  # exact: every process of the build, the sandboxes' included
+    try:
+        with Meter() as m:
+            out = bgraph(ws, cache, "build", "--json", "-j", str(jobs), label, group=group)
+        group_cpu = group.cpu_s() if group is not None else None
+    finally:
+        if group is not None:
+            group.remove()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # bgraph's own process (planning, hashing, the sandboxes' setup): the compilers' CPU is reaped
     # inside the sandboxes' PID namespaces and reaches bgraph only through its cgroup figures.
+    # RUSAGE_CHILDREN also holds bwrap's outer process, which runs in the action's cgroup too
+    # (counted twice); the build's own cgroup less the actions' is exact ("engine_exact").
     engine = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     mine = [a for a in out["actions"] if a["label"].startswith("//fibench:")]
     ran = [a for a in mine if a["status"] == "executed"]
@@ -132,7 +146,8 @@ def bgraph_step(ws: Path, cache: Path, label: str, jobs: int) -> dict:
         by[a["mnemonic"]][1] += a["cpu_s"]
     tus_cicc = sorted({a["name"].split()[1] for a in ran if a["mnemonic"] == "CudaCicc"})
     actions_cpu = sum(a["cpu_s"] for a in ran)
-    return {"wall": m.wall, "cpu": actions_cpu + engine, "actions_cpu": actions_cpu, "engine_cpu": engine,
+    exact = {} if group_cpu is None else {"group_cpu": group_cpu, "engine_exact": group_cpu - actions_cpu}
+    return {**exact, "wall": m.wall, "cpu": actions_cpu + engine, "actions_cpu": actions_cpu, "engine_cpu": engine,
             "foreign_cpu": m.foreign,
             "executed": len(ran), "hits": sum(a["status"] == "hit" for a in mine),
             "cut_off": sum(a["status"] == "cutoff" for a in mine),
@@ -152,10 +167,17 @@ def fi_step(work: Path, venv: Path, toolkit: Path, modules: str, archs: str) -> 
     log = build / "cached_ops" / ".ninja_log"
     offset = log.stat().st_size if log.exists() else 0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with Meter() as m:
-        proc = subprocess.run([str(venv / "bin" / "python"), str(work / "fi_driver.py"), modules,
-                               "--build-dir", str(build), *AOT_ARGS.split()],
-                              capture_output=True, text=True, env=fi_env(venv, toolkit, work, archs), cwd=work)
+    group = CpuGroup.make()
+    try:
+        with Meter() as m:
+            argv = [str(venv / "bin" / "python"), str(work / "fi_driver.py"), modules, "--build-dir", str(build),
+                    *AOT_ARGS.split()]
+            proc = subprocess.run(group.wrap(argv) if group is not None else argv,
+                                  capture_output=True, text=True, env=fi_env(venv, toolkit, work, archs), cwd=work)
+        group_cpu = group.cpu_s() if group is not None else None
+    finally:
+        if group is not None:
+            group.remove()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     (work / "fi-last.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -164,7 +186,8 @@ def fi_step(work: Path, venv: Path, toolkit: Path, modules: str, archs: str) -> 
     ran = [out for _s, _e, out in ninja_log_edges(log.read_bytes()[offset:].decode())] if log.exists() else []
     kinds = Counter("nvcc" if o.endswith(".cuda.o") else "link" if o.endswith(".so") else "c++" for o in ran)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"wall": m.wall, "cpu": cpu, "foreign_cpu": m.foreign, "edges": len(ran), "by_kind": dict(kinds),
+    return {**({} if group_cpu is None else {"group_cpu": group_cpu}),
+            "wall": m.wall, "cpu": cpu, "foreign_cpu": m.foreign, "edges": len(ran), "by_kind": dict(kinds),
             "tus_ran": sorted(o.removeprefix(str(build / "cached_ops") + "/") for o in ran if o.endswith(".cuda.o"))}
 
 
@@ -240,9 +263,15 @@ def main() -> int:
               f"engine {b['engine_cpu']:.1f})  executed {b['executed']}, "
               f"hits {b['hits']}, cut off {b['cut_off']}  (others' CPU meanwhile {b['foreign_cpu']:.0f} s)", flush=True)
         print(f"      by mnemonic (count, CPU-s): {b['by_mnemonic']}", flush=True)
+        if "group_cpu" in b:
+            print(f"      exact (its cgroup): {b['group_cpu']:.1f} CPU-s, engine {b['engine_exact']:.1f}", flush=True)
         f = fi_step(work, venv, toolkit, args.modules, ARCHS[step])
         print(f"{step:5s} FlashInfer {f['wall']:7.1f} s wall  {f['cpu']:7.1f} CPU-s  ninja edges {f['edges']} "
               f"{f['by_kind']}  (others' CPU meanwhile {f['foreign_cpu']:.0f} s)", flush=True)
+        if "group_cpu" in f and "group_cpu" in b:
+            print(f"      exact (its cgroup): {f['group_cpu']:.1f} CPU-s; bgraph / FlashInfer "
+                  f"{b['group_cpu'] / f['group_cpu']:.3f}x (actions only {b['actions_cpu'] / f['group_cpu']:.3f}x)",
+                  flush=True)
         # Same modules, same cubin archs on both sides.
         built = work / "fi-build" / "cached_ops"
         ours = {so.parent.name: cubin_archs(cuobjdump, so) for so in Path(b["outputs"][label]).glob("*/*.so")}
