@@ -667,6 +667,14 @@ def test_the_vllm_runtime_image_imports_torch_with_no_network_and_an_edit_reload
         container.remove(force=True)
     assert status["StatusCode"] == 0, logs
     assert logs == "3.11.2 2.14.0+cu130 False 0.7.2.post1 True\n", logs
+    # Triton is pointed at CUDA 13.0's ptxas (its bundled one rejects sm_121a): it runs in the image
+    ptxas = client.containers.run("localhost/bgraph/vllm-base:0.33.0", ["/usr/local/cuda/bin/ptxas", "--version"],
+                                  network_mode="none", remove=False, detach=True, cgroup_parent=f"/{CGROUP}")
+    try:
+        assert ptxas.wait(timeout=120)["StatusCode"] == 0
+        assert "release 13.0" in ptxas.logs().decode()
+    finally:
+        ptxas.remove(force=True)
     config = client.images.get("localhost/bgraph/vllm-base:0.33.0").attrs["Config"]
     assert {"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
             "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas"} <= set(config["Env"])
