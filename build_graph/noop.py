@@ -103,20 +103,20 @@ class Previous:
         """If nothing changed and the outputs are in place, say so as a build would (with
         `as_json`, the summary `--json` prints, every action a hit) and return True; else False
         (the caller builds)."""
-        if self.changed != set() or not self.own:
-            return False
-        if as_json and self.record.summary.get("remote"):
+        s = self.record.summary if self.changed == set() else {}
+        if not (self.own and isinstance(s.get("outputs"), dict) and isinstance(s.get("actions"), int)):
+            return False  # changed, another request's, a query's, or damaged
+        if as_json and s.get("remote"):
             return False  # --json reports the remote's figures: only the full path has them
         entries = memo.decode(self.rows.memo(self.digest)) if as_json else None
         if as_json and entries is None:
             return False  # the memo lists the actions; without it, the full path does
         try:
             restored = uptodate.restore_links(self.record, self.asked.state.parent.parent)
-        except OSError:
+        except (OSError, TypeError, ValueError):  # a link it cannot read, or a damaged record's
             restored = None
         if restored is None:
             return False
-        s = self.record.summary
         if entries is not None:
             print(orjson.dumps(_summary(s, entries, time.monotonic() - self.started),
                                option=orjson.OPT_INDENT_2).decode())
@@ -173,6 +173,7 @@ def answer_request(args, command: str, parts: dict[str, Any]) -> Request | None:
 def replay(asked: Request) -> tuple[str, int] | None:
     """The recorded answer (its text and exit code), if nothing it was computed from changed."""
     record = uptodate.load(StateFile(asked.state, create=False), asked.digest)
-    if record is None or "text" not in record.summary or uptodate.changed_files(record) != set():
+    if record is None or not isinstance(record.summary.get("text"), str) or not isinstance(
+            record.summary.get("code"), int) or uptodate.changed_files(record) != set():
         return None
     return record.summary["text"], record.summary["code"]

@@ -217,6 +217,13 @@ def test_a_damaged_row_of_each_table_is_a_miss_without_a_traceback(make_ws):
         assert ws.read_output("//p:b", "b.txt").strip() == "2", (table, column)  # a: the line twice
         again = ws.cli("build", "//p:b")  # and the next build records and answers again
         assert again.rc == 0 and "up to date" in again.stderr, (table, column, again.output)
+    # Whole JSON of the right shape whose fields are not what a record holds: no traceback either.
+    [(record,)] = _sql(ws, "SELECT record FROM records")
+    for bad in ({"summary": {}}, {"links": {"x": 5}}, {"summary": {"outputs": {}, "text": 1}}):
+        _sql(ws, "UPDATE records SET record = ?", (json.dumps({**json.loads(record), **bad}).encode(),))
+        run = ws.cli("build", "//p:b")
+        assert run.rc == 0 and "Traceback" not in run.output and "up to date" not in run.stderr, (bad, run.output)
+        assert ws.read_output("//p:b", "b.txt").strip() == "2"
 
 
 KILL_IN_THE_RECORD = """
