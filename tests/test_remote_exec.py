@@ -196,6 +196,11 @@ kind = "genrule"
 outs = ["r"]
 cmd = "sleep 6.4242; echo survived > $OUT/r"
 
+[victim]
+kind = "genrule"
+outs = ["v"]
+cmd = "sleep 3.4242; echo requeued > $OUT/v"
+
 [slow]
 kind = "genrule"
 outs = ["s"]
@@ -462,3 +467,46 @@ def test_early_cutoff_and_no_op_after_remote_runs(stack, root, module_tmp):
         assert again.rc == 0 and again.json["executed"] == 0 and "remote_execution" not in again.json
     finally:
         ws.write({"targets/remote.toml": REMOTE_TARGETS})
+
+
+def _ancestors(pid: int) -> set[int]:
+    """The process's parents up to init, read from /proc."""
+    found = set()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.add(pid)
+    return found
+
+
+@needs_stack
+def test_worker_killed_mid_action_the_build_still_finishes(stack, root, module_tmp):
+    """The worker running the action is SIGKILLed and started again under its name (the same
+    bot): BuildGrid queues the job again, a worker runs it, and the build, still following the
+    same operation, finishes with the right output; the killed run left no process."""
+    def sleeping() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", "sleep 3.4242"], capture_output=True, text=True).stdout
+        return [int(x) for x in out.split()]
+    ws = WS(root, module_tmp / "remote-cache")
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
+                             "build", "--json", "--remote-executor", stack.url, "//remote:victim"],
+                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids := sleeping()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
+            time.sleep(0.1)
+        worker = next(w for w in stack.workers if w.proc.poll() is None and w.proc.pid in _ancestors(pids[0]))
+        worker.kill()
+        stack.workers.remove(worker)
+        stack.add_worker(worker.root.name)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert (root / "bgraph-out" / "remote" / "victim" / "v").read_text() == "requeued\n"
+    assert all(not Path(f"/proc/{p}").exists() for p in pids), "the killed worker's action outlived it"
