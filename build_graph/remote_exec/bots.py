@@ -48,6 +48,9 @@ class BotsClient:
         fresh.ClearField("name")
         del fresh.leases[:]
         request = rw.CreateBotSessionRequest(parent=self.instance, bot_session=fresh)
+        # The server registers the bot at once but may hold the answer for its long poll (8 s):
+        # when the session began is this line's time, not the answer's.
+        log.info("bot %s: CreateBotSession", session.bot_id)
         backoff = 0.2
         while True:
             if self.stopping.is_set():
