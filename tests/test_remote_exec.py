@@ -461,7 +461,9 @@ def test_early_cutoff_and_no_op_after_remote_runs(stack, root, module_tmp):
         run = ws.build("//remote:b", args=remote_args(stack))
         assert run.rc == 0, run.stderr[-2000:]
         ran = {a["label"]: a["status"] for a in run.json["actions"] if a["label"].startswith("//remote:")}
-        assert ran == {"//remote:a": "executed", "//remote:b": "cutoff"}
+        # b is not run again: cut off by action, or (the edit path's early cutoff by target,
+        # when only a target file changed) taken whole as a hit.
+        assert ran["//remote:a"] == "executed" and ran["//remote:b"] in ("cutoff", "hit"), ran
         assert run.json["remote_execution"]["executed"] + run.json["remote_execution"]["cached"] == 1
         again = ws.build("//remote:b", args=remote_args(stack))
         assert again.rc == 0 and again.json["executed"] == 0 and "remote_execution" not in again.json
