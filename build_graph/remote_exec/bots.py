@@ -7,6 +7,7 @@ made again under the same bot id."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from build_graph.store.reapi import remoteworkers_pb2 as rw
@@ -56,12 +57,7 @@ class BotsClient:
             if self.stopping.is_set():
                 raise Stopped()
             try:
-                call = self._create.future(request, timeout=self.poll_s)
-                while not call.done():  # a long poll: left as soon as the worker stops
-                    if self.stopping.wait(0.1):
-                        call.cancel()
-                        raise Stopped()
-                return call.result()
+                return self._interruptible(self._create, request, self.poll_s)
             except self.grpc.RpcError as e:
                 code = e.code()
                 if code not in (self.grpc.StatusCode.UNAVAILABLE, self.grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -70,6 +66,18 @@ class BotsClient:
                 log.info("CreateBotSession: %s, again in %.1f s", code.name, backoff)
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _interruptible(self, method, request, timeout_s: float):
+        """`method(request)` as a long poll left (Stopped) as soon as the worker stops; its answer
+        is taken the moment it comes (a done-callback wakes the wait, no polling delay)."""
+        call = method.future(request, timeout=timeout_s)
+        answered = threading.Event()
+        call.add_done_callback(lambda _call: answered.set())
+        while not answered.wait(0.1):
+            if self.stopping.is_set():
+                call.cancel()
+                raise Stopped()
+        return call.result()
 
     def update(self, session: rw.BotSession, timeout_s: float | None = None,
                interruptible: bool = False) -> rw.BotSession | None:
@@ -81,12 +89,7 @@ class BotsClient:
         try:
             if not interruptible:
                 return self._update(request, timeout=timeout_s or self.poll_s)
-            call = self._update.future(request, timeout=timeout_s or self.poll_s)
-            while not call.done():
-                if self.stopping.wait(0.1):
-                    call.cancel()
-                    raise Stopped()
-            return call.result()
+            return self._interruptible(self._update, request, timeout_s or self.poll_s)
         except self.grpc.RpcError as e:
             code = e.code()
             if code == self.grpc.StatusCode.DEADLINE_EXCEEDED:
