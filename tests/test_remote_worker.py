@@ -16,6 +16,7 @@ import pytest
 from remote_exec_servers import ExecStack, missing_reason, wait_until
 
 from build_graph.model import Tree
+from build_graph.remote_exec.worker import SANDBOX_VERSION
 
 TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls", "/usr/bin/env", "/bin/rmdir",
          "/bin/ln")
@@ -94,13 +95,14 @@ class Client:
         return self.message(build(tree))
 
     def action(self, argv: list[str], outputs: list[str], files=None, links=None, timeout_s: float | None = None,
-               env: dict[str, str] | None = None, skip: set[str] = frozenset(), properties=None):
+               env: dict[str, str] | None = None, skip: set[str] = frozenset(), properties=None,
+               working_directory: str = ""):
         """Upload an Action running `argv` over the host tools' root plus `files`; its digest."""
         pb = self.pb
         root_files, root_links = host_root()
         root_files.update(files or {})
         root_links.update(links or {})
-        command = pb.Command(arguments=argv, output_paths=outputs)
+        command = pb.Command(arguments=argv, output_paths=outputs, working_directory=working_directory)
         for k, v in sorted((env or {"PATH": "/usr/bin:/bin"}).items()):
             command.environment_variables.add(name=k, value=v)
         action = pb.Action(command_digest=self.message(command),
@@ -108,7 +110,7 @@ class Client:
         if timeout_s:
             action.timeout.FromNanoseconds(int(timeout_s * 1e9))
         props = properties or {"OSFamily": "Linux", "ISA": "x86-64" if os.uname().machine == "x86_64"
-                               else "aarch64", "bgraph-sandbox": "bwrap-v1"}
+                               else "aarch64", "bgraph-sandbox": SANDBOX_VERSION}
         for k, v in sorted(props.items()):
             action.platform.properties.add(name=k, value=v)
         digest = self.message(action)
@@ -243,6 +245,33 @@ def test_runs_a_process_and_returns_its_outputs(stack):
     assert c.read(result.stderr_digest) == b"to-stderr\n"
     assert result.execution_metadata.worker.split("/")[0] in ("w0", "w1")
     assert c.pb.ExecutionStage.EXECUTING in stages
+
+
+def test_whole_output_directory_is_writable_itself_and_inputs_keep_the_stores_modes(stack):
+    """Output path "" in working directory bgraph/out (bgraph's whole-output action): only
+    /bgraph/out is writable, /bgraph takes new entries, an input stays a read-only mount, and
+    what the root held in bgraph/out is there as the store lays files out (0444/0555, 1980)."""
+    c = Client(stack.url)
+    digest = c.action(sh("ls -l --time-style=+%s staged.txt tool > listing; "
+                         "if (: >> /bgraph/in/data) 2>/dev/null; then echo in-writable; else echo in-read-only; fi"
+                         " >> listing; mkdir /bgraph/new && echo bgraph-takes-entries >> listing; "
+                         "ls -ld --time-style=+%s /bgraph/in/data >> listing"),
+                      [""], working_directory="bgraph/out",
+                      files={"bgraph/in/data": (b"d\n", False), "bgraph/out/staged.txt": (b"s\n", False),
+                             "bgraph/out/tool": (b"#!/bin/sh\n", True)})
+    response, _stages, _ = c.execute(digest)
+    assert response.status.code == 0, response.status
+    result = response.result
+    assert result.exit_code == 0, c.read(result.stderr_digest)
+    assert [d.path for d in result.output_directories] == ["."] and not result.output_files
+    tree = c.pb.Tree.FromString(c.read(result.output_directories[0].tree_digest))
+    files = {f.name: f for f in tree.root.files}
+    assert set(files) == {"listing", "staged.txt", "tool"} and files["tool"].is_executable
+    lines = [line.split() for line in c.read(files["listing"].digest).decode().splitlines()]
+    assert [(w[0], w[5], w[6]) for w in lines[:2]] == [("-r--r--r--", "315532800", "staged.txt"),
+                                                       ("-r-xr-xr-x", "315532800", "tool")], lines
+    assert lines[2:4] == [["in-read-only"], ["bgraph-takes-entries"]], lines
+    assert (lines[4][0], lines[4][5]) == ("-r--r--r--", "315532800"), lines
 
 
 def test_sandbox_has_no_capability_and_no_host(stack):
@@ -510,6 +539,11 @@ def test_writable_dirs_and_mounts(tmp_path):
     from build_graph.store.reapi import reapi_pb2 as pb
 
     assert writable_dirs(["bgraph/out/a", "bgraph/out/d/b", "other/x/y"]) == ["other/x", "bgraph/out"]
+    # An output that is a directory of the root (a whole-output action's working directory) is
+    # writable itself, not its parent: /bgraph keeps its read-only mounts, as locally.
+    assert writable_dirs(["bgraph/out"], {"bgraph/out"}) == ["bgraph/out"]
+    assert writable_dirs(["bgraph/out", "bgraph/out/a/b"], {"bgraph/out"}) == ["bgraph/out"]
+    assert writable_dirs(["bgraph/out"]) == ["bgraph"]
     with pytest.raises(BadInput):
         writable_dirs(["x"])
     cas = LocalCas(tmp_path / "cache", Digester("sha256"))
@@ -541,6 +575,8 @@ def test_writable_dirs_and_mounts(tmp_path):
     usr_tree = next(op[2] for op in got.ops if op[1] == "usr")
     assert usr_tree.entries == {"bin/sh": FileEntry(usr_tree.entries["bin/sh"].digest, 3, True)}
     assert got.writable == {"bgraph/out": {"l": SymlinkEntry("/bgraph/src/a.c"), "sub": DirEntry()}}
+    assert stager.directories(root, ["bgraph/out", "bgraph/out/l", "bgraph/src/a.c", "usr/bin", "nope/x"]) \
+        == {"bgraph/out", "usr/bin"}
     # The same subtree in another lease is the same Tree object: laid out and hashed once.
     assert next(op[2] for op in stager.mounts(root, ["bgraph/out"]).ops if op[1] == "usr") is usr_tree
     with pytest.raises(BadInput):

@@ -159,6 +159,26 @@ class Stager:
                 self._trees.popitem(last=False)
         return tree
 
+    def directories(self, root, paths: list[str]) -> set[str]:
+        """Those of `paths` (relative to the input root) that are directories of root `root`."""
+        found = set()
+
+        def directory(digest):
+            return self._dirs.get(digest.hash) or self.message(digest, self.pb.Directory)
+
+        for path in paths:
+            node = directory(root)
+            parts = path.split("/")
+            for i, name in enumerate(parts):
+                sub = next((d for d in node.directories if d.name == name), None)
+                if sub is None:
+                    break
+                if i == len(parts) - 1:
+                    found.add(path)
+                else:
+                    node = directory(sub.digest)
+        return found
+
     def mounts(self, root, writable: list[str]) -> Mounts:
         """The input root `root` as the sandbox's mounts, with `writable` (writable_dirs) bound
         where they are; what the root holds below them is given to be copied there."""
@@ -245,10 +265,17 @@ def output_paths(command, working_directory: str) -> list[str]:
     return paths
 
 
-def writable_dirs(outputs: list[str]) -> list[str]:
-    """The directories made writable: each output's parent, only the outermost of nested ones."""
+def writable_dirs(outputs: list[str], directories: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The directories made writable: each output's parent, or the output itself where it is one
+    of the input root's `directories`; only the outermost of nested ones."""
     parents = set()
     for o in outputs:
+        if o in directories:
+            # An output that is a directory of the root (a whole-output action's working
+            # directory, `bgraph/out`) is bound writable itself, as the local sandbox binds
+            # /bgraph/out: its parent stays the sandbox's own directory of read-only mounts.
+            parents.add(o)
+            continue
         parent = posixpath.dirname(o)
         if not parent:
             raise BadInput(f"output {o!r} lies at the input root's top level: it has no parent directory "

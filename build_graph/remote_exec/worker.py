@@ -20,10 +20,16 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
   working directory (REAPI); `output_paths` is used, else `output_files` + `output_directories`.
   Each output's parent directory exists before the run and is writable: the worker binds a
   writable per-lease directory at the parent of every output (only the outermost of nested
-  parents: outputs `bgraph/out/a` and `bgraph/out/d/b` make `/bgraph/out` writable). What the
-  input root holds below a writable directory (e.g. `bgraph/out`'s staged symlinks and output
-  parents) is copied there first; files there are copies, never links into the worker's cache.
-  An output directly at the input root's top level has no parent to bind (INVALID_ARGUMENT).
+  parents: outputs `bgraph/out/a` and `bgraph/out/d/b` make `/bgraph/out` writable). An output
+  that is a directory of the input root is made writable itself, not its parent: a whole-output
+  action (working directory `bgraph/out`, output path "") gets a writable `/bgraph/out` and
+  `/bgraph` stays a directory of read-only mounts that takes new entries (bwrap's own tmpfs, as
+  sandbox.py's `--dir /bgraph`), exactly the local view. What the input root holds below a
+  writable directory (e.g. `bgraph/out`'s staged symlinks and output parents) is laid out there
+  first: directories made, symlinks as they are, files as copies (never links into the worker's
+  cache) with the store's modes 0444/0555 and mtime FIXED_MTIME, as every input locally has.
+  An output directly at the input root's top level that is not a directory of it has no parent
+  to bind (INVALID_ARGUMENT).
 - Outputs are collected after the run: a regular file as an OutputFile (executable bit kept), a
   symlink as an OutputSymlink, a directory as an OutputDirectory whose Tree is uploaded. A
   declared output the action did not make is simply absent (REAPI).
@@ -70,11 +76,15 @@ from build_graph.remote_exec.staging import (
     writable_dirs,
 )
 from build_graph.remote_exec.trees import TreeCache
-from build_graph.store.cas import LocalCas, rmtree
+from build_graph.store.cas import FIXED_MTIME, LocalCas, rmtree
 from build_graph.store.reapi import remoteworkers_pb2 as rw
 from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
 
-SANDBOX_VERSION = "bwrap-v1"  # the `bgraph-sandbox` platform property: this contract's version
+# The `bgraph-sandbox` platform property: this contract's version. v2: an output that is a
+# directory of the input root is made writable itself (v1 made its parent writable, copying the
+# whole-output action's inputs there with the current mtime); being in the Action, it also keeps
+# BuildGrid's cache from answering with a result made under v1.
+SANDBOX_VERSION = "bwrap-v2"
 ISA = {"x86_64": "x86-64", "aarch64": "aarch64", "arm64": "aarch64"}
 log = logging.getLogger("bgraph.worker")
 
@@ -350,7 +360,8 @@ class Worker:
                 if wd == ".." or wd.startswith("../"):
                     raise BadInput(f"working directory {command.working_directory!r} is outside the input root")
             outputs = output_paths(command, wd)
-            writable = writable_dirs(outputs) if outputs else []
+            writable = writable_dirs(outputs, self.stager.directories(action.input_root_digest, outputs)) \
+                if outputs else []
             mounts = self.stager.mounts(action.input_root_digest, writable)
             if wd and not _is_dir(wd, mounts):
                 raise BadInput(f"working directory {wd!r} is not a directory of the input root")
@@ -432,6 +443,8 @@ class Worker:
 
         def host_of(path: str) -> str:
             for (host, w) in binds:
+                if path == w:  # a writable directory that is itself an output (the whole output)
+                    return str(host)
                 if path.startswith(w + "/"):
                     rel = path[len(w) + 1:]
                     # The action may have replaced a directory on the way by a symlink (to /etc,
@@ -460,13 +473,17 @@ class Worker:
 
     def _stage_writable(self, host: Path, entries: dict) -> None:
         """What the input root holds below a writable directory, laid out there: directories,
-        symlinks, and files as copies (the action may change them; the cache's blobs stay intact)."""
+        symlinks, and files as copies (the action may change them; the cache's blobs stay intact).
+        A copy is as the store lays a file out (LocalCas.materialize): mode 0444 or 0555, mtime
+        FIXED_MTIME, so an action that tells inputs by their date (a configure's `find -newermt`)
+        sees one here as it would locally."""
         for path, entry in entries.items():
             target = host / path
             target.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(entry, FileEntry):
                 shutil.copyfile(self.cas.blob_path(entry.digest), target)
-                os.chmod(target, 0o755 if entry.executable else 0o644)
+                os.chmod(target, 0o555 if entry.executable else 0o444)
+                os.utime(target, (FIXED_MTIME, FIXED_MTIME))
             elif hasattr(entry, "target"):
                 os.symlink(entry.target, target)
             else:
