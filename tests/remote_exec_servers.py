@@ -165,11 +165,14 @@ class ExecBuildGrid:
     def url(self) -> str:
         return f"grpc://127.0.0.1:{self.port}"
 
-    def cas_path(self, digest: str) -> Path | None:
-        """Where the disk storage keeps blob `digest` (a test removes it to make an input missing)."""
-        for p in (self.root / "cas").rglob(digest + "*"):
-            return p
-        return None
+    def cas_path(self, digest: str) -> Path:
+        """Where the disk storage keeps blob `digest` (a test removes it to make an input missing).
+        BuildGrid's disk storage (path: <root>/cas) puts blobs at cas/objects/<hash[:2]>/<hash[2:]>
+        below its path; a blob it does not hold raises, so no test can pass on a lookup that missed."""
+        path = self.root / "cas" / "cas" / "objects" / digest[:2] / digest[2:]
+        if not path.is_file():
+            raise AssertionError(f"BuildGrid's disk storage holds no blob {digest} (looked at {path})")
+        return path
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -235,11 +235,8 @@ def local(root, module_tmp) -> WS:
     return ws
 
 
-def server_blob(stack, digest: str) -> Path | None:
-    """Where BuildGrid's disk storage holds blob `digest` (objects/<2 hex>/<the rest>)."""
-    for p in (stack.grid.root / "cas").rglob(digest[2:]):
-        if p.parent.name == digest[:2]:
-            return p
+def server_blob(stack, digest: str) -> Path:
+    """Where BuildGrid's disk storage holds blob `digest`; raises where it holds none."""
     return stack.grid.cas_path(digest)
 
 
@@ -260,7 +257,7 @@ def test_remote_build_is_byte_identical_to_the_local_one(stack, local, root, mod
     assert run.json["remote_execution"]["executed"] >= 2 and run.json["remote_execution"]["fell_back"] == 0
     b_txt = (root / "bgraph-out" / "remote" / "b" / "b.txt").read_bytes()
     assert b_txt == b"499999500000\nx\na.txt\n.\n..\ne\nf\n"
-    assert server_blob(stack, hashlib.sha256(b_txt).hexdigest()) is not None  # made by a worker
+    assert server_blob(stack, hashlib.sha256(b_txt).hexdigest()).read_bytes() == b_txt  # made by a worker
     a_dir = root / "bgraph-out" / "remote" / "a"
     assert os.access(a_dir / "d" / "f", os.X_OK) and (a_dir / "d" / "e").is_dir()
     assert os.readlink(a_dir / "link") == "a.txt"
@@ -336,12 +333,88 @@ def test_input_blob_removed_from_the_server_after_upload_is_uploaded_again(stack
     runner._connect()
     runner._upload(runner._prepare(action))
     blob = server_blob(stack, hashlib.sha256(data).hexdigest())
-    assert blob is not None
+    assert blob.read_bytes() == data
     blob.unlink()
     tree, result = runner.run(action)
     assert runner.stats["missing_uploaded"] >= 1
     assert "l /bgraph/src/link -> a.txt" in cas.read_bytes(tree.entries["listing"]).decode()
     assert cas.read_bytes(tree.entries["d/x"]) == b"made\n" and result.exit_code == 0
+
+
+# Run whole-output (outputs ["."], as cmake_project's configure and ninja_generator): how it sees
+# its inputs, with the tools the configure uses. Every input file and directory with its mode and
+# mtime; whether an input, /bgraph and the output directory take writes; the configure's own
+# "generated sources" test (cp -a the read-only source into a new /bgraph/src, then find -newermt).
+WHOLE_OUTPUT = r"""
+set -e
+walk() {
+  for e in "$1"/* "$1"/.[!.]*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    if [ -L "$e" ]; then echo "l $e -> $(readlink "$e")"; else stat -c '%F %a %Y %n' "$e"; fi
+    if [ -d "$e" ] && [ ! -L "$e" ]; then walk "$e"; fi
+  done
+}
+mkdir -p .bgraph
+{ walk /bgraph/in; walk /bgraph/toolchain; } > .bgraph/inputs
+find /bgraph/in/src /bgraph/toolchain -newermt 1980-01-02 ! -type l > .bgraph/newer
+for d in /bgraph/in/src /bgraph/in/src/sub /bgraph/toolchain; do
+  if (: > "$d/probe") 2>/dev/null; then echo "$d writable"; else echo "$d read-only"; fi
+done > .bgraph/writes
+stat -c '%a %n' /bgraph >> .bgraph/writes
+mkdir /bgraph/src
+cp -a /bgraph/in/src/. /bgraph/src/
+find /bgraph/src -type f -newermt 1980-01-02 > .bgraph/generated
+echo built > result
+"""
+
+
+def tools_usr(cas: LocalCas, tools: tuple[str, ...]) -> Tree:
+    """A pinned /usr of the host's `tools` (real binaries) and every library ldd names for them."""
+    files = {f"bin/{os.path.basename(t)}": t for t in tools}
+    for tool in tools:
+        out = subprocess.run(["ldd", tool], check=True, capture_output=True, text=True).stdout
+        for word in out.split():
+            if word.startswith("/") and os.path.exists(word):
+                files[word.lstrip("/").removeprefix("usr/")] = word
+    return Tree({p: cas.put_file(os.path.realpath(src), executable=True) for p, src in files.items()})
+
+
+@needs_stack
+@pytest.mark.skipif(not os.path.exists("/lib/x86_64-linux-gnu/libc.so.6"), reason="an x86_64 Debian host's libc")
+def test_whole_output_action_sees_the_local_sandboxes_inputs(stack, cas):
+    """An action whose output is its whole output directory (the CMake configure's shape) gives the
+    same tree on a worker as in the local sandbox: its inputs read-only, dated FIXED_MTIME with the
+    store's modes, /bgraph taking new entries, and none of the sources taken for generated ones."""
+    from build_graph.sandbox import BwrapRunner
+    src = Tree({"a.c": cas.put_bytes(b"int a;\n"), "sub/b.sh": cas.put_bytes(b"#!/bin/sh\n", True),
+                "empty": DirEntry(), "link": SymlinkEntry("a.c")})
+    toolchain = Tree({"bin/nvcc": cas.put_bytes(b"#!/bin/sh\necho nvcc\n", True)})
+    usr = tools_usr(cas, ("/usr/bin/dash", "/usr/bin/readlink", "/usr/bin/stat", "/usr/bin/find", "/usr/bin/cp",
+                          "/usr/bin/mkdir"))
+    action = Action(name="configure", mnemonic="CmakeConfigure", argv=("/usr/bin/dash", "-c", WHOLE_OUTPUT),
+                    env=(("PATH", "/usr/bin"), ("LC_ALL", "C")), platform="x86_64", outputs=(".",),
+                    inputs=(("/bgraph/in/src", src), ("/bgraph/toolchain", toolchain), ("/usr", usr)))
+    local_runner = BwrapRunner(cas)
+    try:
+        local_tree, _ = local_runner.run(action)
+    finally:
+        local_runner.close()
+    runner = _runner(cas, stack.url)
+    remote_tree, result = runner.run(action)
+    assert runner.stats["executed"] == 1 and result.exit_code == 0
+
+    def text(tree: Tree, path: str) -> str:
+        return cas.read_bytes(tree.entries[path]).decode()
+    # The local view is what the configure relies on (so this test cannot pass on two wrong views).
+    assert text(local_tree, ".bgraph/generated") == "" and text(local_tree, ".bgraph/newer") == ""
+    assert "regular file 444 315532800 /bgraph/in/src/a.c" in text(local_tree, ".bgraph/inputs")
+    assert "regular file 555 315532800 /bgraph/in/src/sub/b.sh" in text(local_tree, ".bgraph/inputs")
+    assert text(local_tree, ".bgraph/writes") == ("/bgraph/in/src read-only\n/bgraph/in/src/sub read-only\n"
+                                                  "/bgraph/toolchain read-only\n755 /bgraph\n")
+    for path in sorted(local_tree.entries):
+        if isinstance(local_tree.entries[path], FileEntry):
+            assert text(remote_tree, path) == text(local_tree, path), path
+    assert remote_tree.entries == local_tree.entries
 
 
 @needs_stack
