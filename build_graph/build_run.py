@@ -218,6 +218,8 @@ class BuildRun:
     def _reused(self, label: Configured) -> bool:
         """Take `label` as the last build left it, if none of its sources changed and each
         dependency's output is the one it was built from (store/memo.py)."""
+        if any(d in self.dirty for d in self.deps[label]):
+            return False  # a dependency ran again: the rebuilder decides (a cutoff, with its trace)
         name = str(label)
         entry = self.reuse.taken(name, label in self.redefined, {str(d): self.outputs[d] for d in self.deps[label]},
                                  self.e.cas.verify_tree)

@@ -78,6 +78,22 @@ def test_early_cutoff(make_ws):
 
 
 @requires_bwrap
+def test_early_cutoff_is_the_same_answer_when_the_memo_could_take_the_target(make_ws):
+    """Past the racy window the memo may take a target whole; one whose dependency ran again
+    is still decided by the rebuilder: cut off, with the reason in its trace."""
+    ws = make_ws(CUTOFF)
+    time.sleep(2.2)  # the workspace's files leave the racy-clean window (filestate.RACY_NS)
+    assert ws.build("//p:b").rc == 0
+    ws.write({"in.txt": "# another comment, edited\nalpha\nbeta\n"})
+    run = ws.build("//p:b")
+    assert run.rc == 0, run.stderr
+    assert action(run.json, "//p:a")["status"] == "executed"
+    assert action(run.json, "//p:b")["status"] == "cutoff"
+    assert run.json["executed"] == 1 and run.json["cut_off"] == 1
+    assert "upstream rebuilt to identical outputs" in ws.cli("explain", "//p:b").stdout
+
+
+@requires_bwrap
 def test_real_edit_rebuilds_both_and_names_the_file(make_ws):
     ws = make_ws(CUTOFF)
     assert ws.build("//p:b").rc == 0
