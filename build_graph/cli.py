@@ -63,7 +63,7 @@ def cmd_build(args, console: Console) -> int:
     overridden = noop.overridden(args)
     if overridden is not None:  # this build relinks bgraph-out/ and records nothing: the old record goes
         noop.drop(overridden)
-    ws = _workspace(args)
+    ws = _workspace(args, create=not args.check_against)  # a mistyped --check-against makes nothing
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()
     if exec_platform != host_platform() and not args.dry_run:
