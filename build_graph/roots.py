@@ -51,37 +51,31 @@ def state_file(flag: str | None, root: Path) -> Path | None:
     """The cache's state file, where the no-op records, memos and kept parses of this workspace's
     builds are rows (store/statefile.py): `<cache>/v1/<digest-fn>/state-v2.sqlite`, the cache and
     digest function chosen as the build will choose them (WORKSPACE.toml read with tomllib alone,
-    and only where no flag or environment variable names the cache); None where WORKSPACE.toml
-    cannot be read (the build reports it)."""
+    and only where it can choose one of them); None where WORKSPACE.toml cannot be read (the
+    build reports it)."""
     from build_graph.store.statefile import STATE_FILE
     try:
         data = (root / "WORKSPACE.toml").read_bytes()
     except OSError:
         return None
-    configured = None
-    if chosen_cache(flag, root) is None:
-        import tomllib  # only here: its import alone is 3-8 ms of a no-op's 0.1 s
+    raw: dict = {}
+    # Parsed only where it can choose something here: tomllib is pure Python (its import and a
+    # parse of this repository's file are 15-20 ms of a 0.1 s no-op).
+    if chosen_cache(flag, root) is None or b"digest_function" in data:
+        import tomllib
 
         try:
-            configured = tomllib.loads(data.decode()).get("defaults", {}).get("cache_dir")
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+            raw = tomllib.loads(data.decode())
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
             return None
-    digest_function = _digest_function(data)
+    try:
+        configured = None if chosen_cache(flag, root) else raw.get("defaults", {}).get("cache_dir")
+        digest_function = raw.get("workspace", {}).get("digest_function", "blake3")
+    except AttributeError:  # a table where a value belongs: the build reports it
+        return None
     if not (configured is None or isinstance(configured, str)) or digest_function not in ("blake3", "sha256"):
         return None
     return cache_root(flag, root, configured) / "v1" / digest_function / STATE_FILE
-
-
-def _digest_function(data: bytes) -> str:
-    """WORKSPACE.toml's `digest_function = "…"` (else blake3, the default), read from its line: a
-    parse costs 12 ms for this repository's (tomllib is pure Python), a no-op 0.1 s in all. A value
-    misread costs speed only: a record holds only while WORKSPACE.toml's stamp does, whichever
-    state file it is found in."""
-    for line in data.splitlines():
-        key, _, value = line.partition(b"=")
-        if key.strip() == b"digest_function":
-            return value.split(b"#")[0].strip().strip(b"\"'").decode(errors="replace")
-    return "blake3"
 
 
 def user_config_path() -> Path:
