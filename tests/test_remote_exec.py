@@ -418,6 +418,29 @@ def test_whole_output_action_sees_the_local_sandboxes_inputs(stack, cas):
 
 
 @needs_stack
+@pytest.mark.slow
+def test_cmake_demo_built_remotely_equals_the_local_build(stack, module_tmp):
+    """//examples:cmake-demo from fresh caches, locally and through BuildGrid: CMake's configure
+    (a whole-output action: what a bwrap-v1 worker got wrong) and the edges it imports run on the
+    workers, and every action's output tree equals the local build's under the same key."""
+    from bgraph_testlib import workspace_copy
+    ws_root = workspace_copy(module_tmp / "cmake-ws")
+    local = WS(ws_root, module_tmp / "cmake-local")
+    run = local.cli("build", "--json", "-j2", "//examples:cmake-demo", timeout=1500)
+    assert run.rc == 0, run.stderr[-3000:]
+    remote = WS(ws_root, module_tmp / "cmake-remote")
+    run = remote.cli("build", "--json", "-j2", *remote_args(stack, "--remote-jobs", "4"), "//examples:cmake-demo",
+                     timeout=1500)
+    assert run.rc == 0, run.stderr[-3000:]
+    assert run.json["remote_execution"]["executed"] > 0 and run.json["remote_execution"]["fell_back"] == 0
+    configure = [a for a in run.json["actions"] if a["label"] == "//examples:cmake-demo" and a["name"] == "configure"]
+    assert [a["status"] for a in configure] == ["executed"], configure
+    check = local.cli("build", "--json", "--check-against", str(remote.cache), "//examples:cmake-demo", timeout=600)
+    assert check.rc == 0, check.stderr[-2000:]
+    assert check.json["compared_with_other_cache"] >= 300 and check.json["differing"] == []
+
+
+@needs_stack
 def test_ctrl_c_cancels_the_remote_operation_and_the_worker_kills_the_action(stack, root, module_tmp):
     """SIGINT to a build whose action sleeps on a worker: the build stops, the operation is
     cancelled, and the worker kills the sleeping process (no orphan left)."""
