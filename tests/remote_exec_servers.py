@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from remote_servers import _wait_for, buildgrid_bgd, buildgrid_missing_reason, free_port
+from remote_servers import _wait_for, buildgrid_bgd, buildgrid_missing_reason, free_port, stop_process
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 REPO = Path(__file__).resolve().parent.parent
@@ -175,13 +175,8 @@ class ExecBuildGrid:
         return path
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, 20)
 
 
 class WorkerProcess:
@@ -211,13 +206,7 @@ class WorkerProcess:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 20)
 
 
 class ExecStack:

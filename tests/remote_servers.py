@@ -49,12 +49,16 @@ http {{
 """
 
 
-def _stop(proc: subprocess.Popen, timeout: float) -> None:
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` s; reaped either way."""
+    if proc.poll() is not None:
+        return
     proc.terminate()
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:
@@ -110,7 +114,7 @@ class Nginx:
         return sorted(p for p in d.iterdir()) if d.exists() else []
 
     def stop(self) -> None:
-        _stop(self.proc, 10)
+        stop_process(self.proc, 10)
 
 
 def _is_root() -> bool:
@@ -268,4 +272,4 @@ class BuildGrid:
         return f"grpc://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        _stop(self.proc, 15)
+        stop_process(self.proc, 15)
