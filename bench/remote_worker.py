@@ -1,6 +1,6 @@
 """Figures of `bgraph worker` on the real stack (PostgreSQL + BuildGrid 0.9.1, tuned, 2 workers):
 end-to-end latency of a trivial action, the worker's own share from ExecutedActionMetadata, and
-the throughput of 50 actions with up to 16 in flight. Run: python3 tests/bench_remote_worker.py"""
+the throughput of 50 actions with up to 16 in flight. Run: python3 bench/remote_worker.py"""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO)]  # the tests' real stack and client
 
 from remote_exec_servers import ExecStack, missing_reason
 from test_remote_worker import Client, sh
