@@ -470,7 +470,7 @@ def cmd_deb(args, console: Console) -> int:
 
     from build_graph.debian.locking import deb_targets, lock
 
-    ws = _workspace(args)
+    ws = _workspace(args, create=False)  # a failed lock makes nothing in the cache
     labels = deb_targets(ws, expand(args.targets, ws.targets) if args.targets else [])
     if not labels:
         console.print("no deb_packages targets in this workspace", highlight=False)
@@ -493,7 +493,7 @@ def cmd_py(args, console: Console) -> int:
 
     from build_graph.python_lock.locking import lock, lock_targets
 
-    ws = _workspace(args)
+    ws = _workspace(args, create=False)  # a failed lock makes nothing in the cache
     labels = expand(args.targets, ws.targets) if args.targets else []
     if not lock_targets(ws, labels):
         console.print("no python_lock targets in this workspace", highlight=False)
