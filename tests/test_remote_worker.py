@@ -689,3 +689,29 @@ def test_workers_carry_on_across_a_buildgrid_restart(stack):
     assert [r.status.code for r in results] == [0, 0]
     assert len({r.result.execution_metadata.worker for r in results}) == 2
     assert all(w.proc.poll() is None for w in stack.workers)
+
+
+def test_a_busy_server_is_waited_for_and_other_errors_are_not():
+    """RESOURCE_EXHAUSTED on a worker's CAS call is backed off and the call made again (it is
+    the server's RPC limit, not the action's failure); any other error is raised at once."""
+    import threading
+
+    from build_graph.remote_exec.patient import PatientRemote
+    from build_graph.store.remote import RemoteUnavailable
+
+    class Flaky:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
+
+        def find_missing(self, sizes):
+            self.calls += 1
+            if self.errors:
+                raise self.errors.pop(0)
+            return set(sizes)
+
+    busy = Flaky([RemoteUnavailable("RESOURCE_EXHAUSTED: Concurrent RPC limit exceeded!")] * 2)
+    assert PatientRemote(busy, threading.Event()).find_missing({"a": 1}) == {"a"} and busy.calls == 3
+    gone = Flaky([RemoteUnavailable("UNAVAILABLE: connection refused")])
+    with pytest.raises(RemoteUnavailable):
+        PatientRemote(gone, threading.Event()).find_missing({"a": 1})
+    assert gone.calls == 1

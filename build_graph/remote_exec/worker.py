@@ -64,6 +64,7 @@ from pathlib import Path
 from build_graph.errors import LoadError
 from build_graph.model import Digester, FileEntry, Tree
 from build_graph.remote_exec import outputs as outs
+from build_graph.remote_exec.patient import PatientRemote
 from build_graph.remote_exec.bots import BotsClient, SessionGone, Stopped
 from build_graph.remote_exec.cache_bound import Uses, parse_size, tree_bytes
 from build_graph.remote_exec.runner import Process, bwrap_options
@@ -133,7 +134,8 @@ class Worker:
         self.remote = probe if fn == "sha256" else ReapiRemote(server, fn, timeout_s=60.0,
                                                               breaker=CircuitBreaker(limit=1 << 62))
         self.cas = LocalCas(self.cache_dir, Digester(fn))
-        self.stager = Stager(self.remote, self.cas)
+        self.cas_calls = PatientRemote(self.remote, self.stopping)  # a busy server is waited for
+        self.stager = Stager(self.cas_calls, self.cas)
         self.trees = TreeCache(self.cas)
         self.max_cache = max_cache
         self.uses = Uses()
@@ -327,7 +329,7 @@ class Worker:
             self.cas.close()
             rmtree(self.cas.base)
             self.cas = LocalCas(self.cache_dir, digester)
-            self.stager = Stager(self.remote, self.cas)
+            self.stager = Stager(self.cas_calls, self.cas)
             self.trees = TreeCache(self.cas)
             self._base_bytes, self._stored_bytes = 0, 0
 
@@ -465,7 +467,7 @@ class Worker:
             got.blob(entry, self.cas.blob_path(entry.digest))
             getattr(result, f"{name}_digest").CopyFrom(pb.Digest(hash=entry.digest, size_bytes=entry.size))
         self._stored_bytes += sum(size for size, _source in got.blobs.values())
-        outs.upload(self.remote, got.blobs)
+        outs.upload(self.cas_calls, got.blobs)
         meta.output_upload_completed_timestamp.GetCurrentTime()
         meta.worker_completed_timestamp.GetCurrentTime()
         result.execution_metadata.CopyFrom(meta)
