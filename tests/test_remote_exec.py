@@ -441,6 +441,9 @@ def test_cmake_demo_built_remotely_equals_the_local_build(stack, module_tmp):
 
 
 @needs_stack
+# Out of CI until fixed: on a loaded 2-core machine the interrupted build sometimes does not exit
+# within 60 s of SIGINT (2 of 3 suite runs on 2026-11-27; it passes alone). Run: pytest -m slow -k ctrl_c
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_remote_operation_and_the_worker_kills_the_action(stack, root, module_tmp):
     """SIGINT to a build whose action sleeps on a worker: the build stops, the operation is
     cancelled, and the worker kills the sleeping process (no orphan left)."""
