@@ -156,6 +156,7 @@ def test_host_paths_are_not_sent(cas):
 
 # -- builds through BuildGrid and two `bgraph worker`s --------------------------------------------
 
+import contextlib  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -164,6 +165,26 @@ import time  # noqa: E402
 from bgraph_testlib import WS, copy_toolchains, hermetic_env  # noqa: E402
 from remote_exec_servers import ExecStack, missing_reason  # noqa: E402
 from remote_servers import free_port  # noqa: E402
+
+
+@contextlib.contextmanager
+def build_once_started(root: Path, ws, url: str, label: str, started):
+    """A remote `bgraph build --json` of `label` in the background, handed over once `started()`
+    (the action is seen running on a worker) answers something: (the process, that answer). A
+    build still running when the test ends is killed."""
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
+                             "build", "--json", "--remote-executor", url, label],
+                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (seen := started()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
+            time.sleep(0.1)
+        yield proc, seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 needs_stack = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
 
@@ -452,24 +473,13 @@ def test_ctrl_c_cancels_the_remote_operation_and_the_worker_kills_the_action(sta
         return out.split()
     assert not sleeping()
     ws = WS(root, module_tmp / "remote-cache")
-    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
-                             "build", "--remote-executor", stack.url, "//remote:slow"],
-                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not sleeping():
-            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
-            time.sleep(0.2)
+    with build_once_started(root, ws, stack.url, "//remote:slow", sleeping) as (proc, _):
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
         deadline = time.monotonic() + 30
         while sleeping():
             assert time.monotonic() < deadline, "the worker left the cancelled action running"
             time.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 @needs_stack
@@ -480,21 +490,10 @@ def test_buildgrid_restarted_mid_action_the_build_follows_the_same_operation(sta
     def running() -> bool:
         return bool(subprocess.run(["pgrep", "-f", "sleep 6.4242"], capture_output=True).stdout)
     ws = WS(root, module_tmp / "remote-cache")
-    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
-                             "build", "--json", "--remote-executor", stack.url, "//remote:restart"],
-                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not running():
-            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
-            time.sleep(0.2)
+    with build_once_started(root, ws, stack.url, "//remote:restart", running) as (proc, _):
         stack.grid.stop()
         stack.grid.start()
         out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err[-3000:]
     assert (root / "bgraph-out" / "remote" / "restart" / "r").read_text() == "survived\n"
 
@@ -591,23 +590,12 @@ def test_worker_killed_mid_action_the_build_still_finishes(stack, root, module_t
         out = subprocess.run(["pgrep", "-f", "sleep 3.4242"], capture_output=True, text=True).stdout
         return [int(x) for x in out.split()]
     ws = WS(root, module_tmp / "remote-cache")
-    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(root), "--cache-dir", str(ws.cache),
-                             "build", "--json", "--remote-executor", stack.url, "//remote:victim"],
-                            env=hermetic_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (pids := sleeping()):
-            assert proc.poll() is None and time.monotonic() < deadline, "the action never started on a worker"
-            time.sleep(0.1)
+    with build_once_started(root, ws, stack.url, "//remote:victim", sleeping) as (proc, pids):
         worker = next(w for w in stack.workers if w.proc.poll() is None and w.proc.pid in _ancestors(pids[0]))
         worker.kill()
         stack.workers.remove(worker)
         stack.add_worker(worker.root.name)
         out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err[-3000:]
     assert (root / "bgraph-out" / "remote" / "victim" / "v").read_text() == "requeued\n"
     assert all(not Path(f"/proc/{p}").exists() for p in pids), "the killed worker's action outlived it"
