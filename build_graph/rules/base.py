@@ -63,7 +63,7 @@ TOOLCHAIN = "/bgraph/toolchain"
 class Attrs(BaseModel):
     """Base of every kind's attribute model: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 @dataclass
