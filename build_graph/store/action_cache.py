@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 from pathlib import Path
 
 import orjson
 
 from build_graph.model import ActionResult
-from build_graph.store.atomic import write_json
+from build_graph.store.atomic import rename_into_shard, stage, write_json
 from build_graph.store.listing import MissListing
 
 
@@ -18,6 +20,8 @@ class LocalActionCache:
         self.root = base / "ac"
         self._root = os.fspath(self.root)
         self.tmp = tmp
+        self._tmp = os.fspath(tmp)
+        self._names = (f"a{n}" for n in itertools.count())  # our own staging: see atomic.stage
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         self._listing = MissListing(self.keys)
@@ -49,9 +53,16 @@ class LocalActionCache:
             return None
 
     def put(self, key: str, result: ActionResult) -> None:
-        dest = self._path(key)
-        dest.parent.mkdir(exist_ok=True)
-        write_json(dest, result.to_json(), self.tmp, sort_keys=True)
+        """File `result` under `key`: written beside, renamed into place (atomic)."""
+        # A counter-named staging file and the shard made only when missing: mkstemp's random
+        # name and a mkdir per entry were half of filing a small action's result.
+        tmp = stage(self._tmp, self._names, orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
+        try:
+            rename_into_shard(tmp, f"{self._root}/{key[:2]}/{key[2:]}.json")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self._listing.added(key)
 
     def touch(self, key: str) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 import orjson
 
 from build_graph.errors import StoreError
+from build_graph.store.atomic import rename_into_shard, stage
 from build_graph.store.json_table import JsonTable
 from build_graph.incremental import filestate
 from build_graph.store.lease import Holds, live_builds, take_if_free
@@ -99,16 +100,6 @@ def hash_file(path: str | os.PathLike, digester: Digester) -> str:
 
 def _shard(root: Path, digest: str) -> Path:
     return root / digest[:2] / digest[2:]
-
-
-def _rename_into_shard(tmp_path: str, dest: str) -> None:
-    """Rename a staged file to `dest`, making its shard directory the first time one is missing
-    (a mkdir per stored file was a fifth of storing a small source)."""
-    try:
-        os.replace(tmp_path, dest)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        os.replace(tmp_path, dest)
 
 
 def _node_name(name: str, node: str) -> str:
@@ -230,7 +221,7 @@ class LocalCas:
             d.mkdir(parents=True, exist_ok=True)
         self.tmp, self._lease_fd = self._lease_staging(staging)
         self._tmp_dir = os.fspath(self.tmp)
-        self._tmp_names = itertools.count()  # names in our own staging (see _staged)
+        self._tmp_names = (f"b{n}" for n in itertools.count())  # names in our own staging (see _staged)
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
         self._intact: set[str] = set()  # materialized trees checked whole by this process
@@ -300,7 +291,7 @@ class LocalCas:
         os.chmod(tmp_path, 0o444)
         os.utime(tmp_path, (FIXED_MTIME, FIXED_MTIME))
         dest = self._blob_str(digest)
-        _rename_into_shard(tmp_path, dest)
+        rename_into_shard(tmp_path, dest)
         self._verified.add(digest)
         self._stamp_written(dest)
 
@@ -315,23 +306,9 @@ class LocalCas:
             pass
 
     def _staged(self, data: bytes) -> str:
-        """A new file holding `data` in this process's staging directory. The directory is this
-        process's own (leased), so a counter names the file: mkstemp's random names were a
-        tenth of storing a small source."""
-        while True:
-            path = f"{self._tmp_dir}/b{next(self._tmp_names)}"
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                break
-            except FileExistsError:  # never, in a staging directory of our own; but never overwrite
-                continue
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return path
+        """A new file holding `data` in this process's staging directory (leased, so a counter
+        names it)."""
+        return stage(self._tmp_dir, self._tmp_names, data)
 
     def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry:
         digest = self.digester.of(data)
@@ -600,7 +577,7 @@ class LocalCas:
         dest = f"{self._dirs_dir}/{digest[:2]}/{digest[2:]}"
         if os.path.exists(dest):
             return
-        _rename_into_shard(self._staged(raw), dest)
+        rename_into_shard(self._staged(raw), dest)
 
     def has_digest(self, digest: str) -> bool:
         """Whether a sound blob with this digest is stored (its size taken from disk)."""
@@ -717,14 +694,13 @@ class LocalCas:
         return dest
 
     def _is_intact(self, tree: Tree, dest: Path) -> bool:
-        """Whether a materialized tree is still `tree`: every blob verified (stamp, else hash),
-        every file the blob's own inode with its mode, every link and directory as listed, and
-        nothing more (a file replaced, added or removed below it, or a blob written through a
-        link of it, is found here; bgraph-out/ links such trees)."""
-        if self.verify_tree(tree):
-            return False
+        """Whether a materialized tree is still `tree`: every file the blob's own inode, sound, with
+        its mode, every link and directory as listed, and nothing more (a file replaced, added or
+        removed below it, or a blob written through a link of it, is found here; bgraph-out/
+        links such trees)."""
         base = os.fspath(dest)
         expected = {""}
+        stamps = self._stamps.table
         try:
             for path, entry in tree.entries.items():
                 parent = path
@@ -733,8 +709,15 @@ class LocalCas:
                 expected.add(path)
                 st = os.lstat(f"{base}/{path}")
                 if isinstance(entry, FileEntry):
+                    if not stat.S_ISREG(st.st_mode):
+                        return False
+                    # A link shares its blob's inode, so its stat is the blob's: the stamp the blob
+                    # was hashed good under (inode, size, mtime, ctime, mode) proves both at once.
+                    name = entry.digest[2:] + (".x" if entry.executable else "")
+                    if stamps.get(name) == stat_stamp(st) and st.st_size == entry.size:
+                        continue
                     blob = self._blob_str(entry.digest) + (".x" if entry.executable else "")
-                    if not stat.S_ISREG(st.st_mode) or st.st_ino != os.stat(blob).st_ino:
+                    if not self.verify(entry) or st.st_ino != os.stat(blob).st_ino:
                         return False
                 elif isinstance(entry, SymlinkEntry):
                     if not stat.S_ISLNK(st.st_mode) or os.readlink(f"{base}/{path}") != entry.target:
