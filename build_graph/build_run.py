@@ -59,7 +59,7 @@ class BuildRun:
         self.reused_targets: tuple[str, ...] = ()
         self.reuse = self._reusable(engine)
         part = self.reuse.subgraph(self.labels) if self.reuse is not None else None
-        if part is not None and any(engine.cas.verify_tree(o.tree) for o in part[1].values()):
+        if part is not None and any(engine.cas.damaged(o.tree) for o in part[1].values()):
             part = None  # an output the memo would hand on is damaged: every target is checked in full
         if part is not None:  # only the targets an edited source reaches are visited
             self.graph, prebuilt, visited = part
@@ -222,7 +222,7 @@ class BuildRun:
             return False  # a dependency ran again: the rebuilder decides (a cutoff, with its trace)
         name = str(label)
         entry = self.reuse.taken(name, label in self.redefined, {str(d): self.outputs[d] for d in self.deps[label]},
-                                 self.e.cas.verify_tree)
+                                 self.e.cas.damaged)
         if entry is None:
             return False
         self.outputs[label] = entry.output

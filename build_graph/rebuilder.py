@@ -100,7 +100,7 @@ class Rebuilder:
         try:
             if tree is None:
                 tree = self.cas.get_tree(result.output_tree)
-            bad = self.cas.verify_tree(tree)
+            bad = self.cas.damaged(tree)
         except (CorruptBlob, StoreError):
             bad = ["(directory node)"]
         if not bad:
