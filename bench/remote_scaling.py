@@ -26,10 +26,13 @@ outputs of a remote action before its dependents start: a blake3 workspace keys 
 Ready actions are taken in FIFO order (bgraph's scheduler) or longest-remaining-path first
 (`--priority critical`). A remote action on worker w: the client first uploads the inputs the
 server lacks (client link), then w downloads the input blobs its own CAS lacks (server link, at
-most the worker's bandwidth), runs for the action's duration plus a fixed overhead per action
-(Execute to done, the worker's lease and sandbox: measured 250-460 ms for a trivial action,
-BENCHMARKS.md "Remote execution on BuildGrid"), uploads its outputs (server link), and the client
-fetches them (client link). Links are FIFO: a transfer waits for the ones before it on the same
+most the worker's bandwidth), is held for the action's duration plus its own overhead (`overhead_s`: fetch, staging,
+collection, upload: 47-65 ms measured for a trivial action), uploads its outputs (server link),
+and the client sees the action done `latency_s` later (the rest of Execute to done: BuildGrid's
+queue and SQL, the lease, the client's stream: 236-250 ms in all for a trivial action alone,
+463 ms median with 2 in flight under load; BENCHMARKS.md "Remote execution on BuildGrid") and
+fetches its outputs (client link). Latency delays dependents but holds no worker: with actions
+queued, a worker takes its next lease at once. Links are FIFO: a transfer waits for the ones before it on the same
 link. Worker caches start empty (`cold`) or holding everything the remote actions did not make
 (`--warm`: a fleet that has the toolchains already).
 """
@@ -69,7 +72,8 @@ class Params:
     workers: int
     slots: int = 1
     local_jobs: int = 2
-    overhead_s: float = 0.35
+    overhead_s: float = 0.06  # a worker's own time per action (fetch, staging, collection, upload)
+    latency_s: float = 0.19  # the rest of Execute-to-done: queue, lease, the client seeing it done
     worker_bw: float = 1.25 * GB  # 10 Gb/s per worker
     server_bw: float = 3.125 * GB  # 25 Gb/s at the CAS server, shared by every worker
     client_bw: float = 1.25 * GB  # the client's own link, shared by its uploads and fetches
@@ -109,7 +113,8 @@ class Link:
 
 
 def critical_path(g: nx.DiGraph, overhead_s: float = 0.0) -> tuple[float, list[str]]:
-    """The longest path by duration (each remote action plus `overhead_s`) and its actions."""
+    """The longest path by duration (each remote action plus `overhead_s`: its overhead and
+    latency) and its actions."""
     best: dict[str, tuple[float, str | None]] = {}
     for n in nx.topological_sort(g):
         own = g.nodes[n]["seconds"] + (overhead_s if g.nodes[n].get("remote", True) else 0.0)
@@ -157,6 +162,7 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
             held_units[w] |= set(units) - made_remotely
     client_link, server_link = Link(p.client_bw), Link(p.server_bw)
     down = [0] * p.workers
+    moved = {"client_upload_bytes": 0, "client_fetch_bytes": 0}
     rank: dict[str, float] = {}
     if p.priority == "critical":  # longest path from the node to the end, the node included
         for n in reversed(list(nx.topological_sort(g))):
@@ -174,6 +180,7 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
         if nodes[n].get("remote", True):
             lack = {d: z for d, z in _blobs(units, nodes[n].get("reads", ())).items() if d not in server and d in client}
             t = client_link.transfer(t, sum(lack.values()))
+            moved["client_upload_bytes"] += sum(lack.values())
             server.update(lack)
         heapq.heappush(events, (t, seq, n))
         seq += 1
@@ -214,7 +221,8 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
         held[w].update(out)
         busy[True] += free_at - start
         fetch = {d: s for d, s in out.items() if d not in client}
-        back = client_link.transfer(free_at, sum(fetch.values()))
+        back = client_link.transfer(free_at + p.latency_s, sum(fetch.values()))
+        moved["client_fetch_bytes"] += sum(fetch.values())
         client.update(fetch)
         return free_at, back
 
@@ -250,7 +258,7 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
     return {"workers": p.workers, "slots": p.slots, "wall_s": round(wall, 3),
             "remote_busy_s": round(busy[True], 3), "local_busy_s": round(busy[False], 3),
             "worker_download_bytes": sum(down), "server_link_bytes": server_link.bytes,
-            "client_link_bytes": client_link.bytes,
+            "client_link_bytes": client_link.bytes, **moved,
             "remote_efficiency": round(busy[True] / max(wall * p.workers * p.slots, 1e-9), 4)}
 
 
@@ -286,15 +294,19 @@ class Recorded:
         """Every target's trace: label -> {"actions": {name: {"key", "description"}}, ...}."""
         return {label: json.loads(trace) for label, trace in self.db.execute("SELECT label, trace FROM traces")}
 
-    def result(self, key: str) -> tuple[dict, int] | None:
+    def result(self, key: str) -> tuple[dict, int, dict] | None:
         """The action result filed under `key` (or, for a depfile action's pre-key, under the key its
-        newest manifest entry names) and its filing order (results' rowid; 0 where from ac/)."""
-        for k in [key] + [e.get("key", "") for e in self._manifest(key)[:1]]:
+        newest manifest entry names), its filing order (results' rowid; 0 where from ac/) and what
+        that manifest entry says the action read ({mount: {path: digest}}, {} for other actions)."""
+        entry = (self._manifest(key) or [{}])[0]
+        for k, reads in ((key, {}), (entry.get("key", ""), entry.get("reads") or {})):
+            if not k:
+                continue
             row = self.db.execute("SELECT result, rowid FROM results WHERE key = ?", (k,)).fetchone()
             if row:
-                return json.loads(row[0]), row[1]
+                return json.loads(row[0]), row[1], reads
             try:
-                return json.loads((self.base / "ac" / k[:2] / f"{k[2:]}.json").read_text()), 0
+                return json.loads((self.base / "ac" / k[:2] / f"{k[2:]}.json").read_text()), 0, reads
             except (FileNotFoundError, ValueError):
                 continue
         return None
@@ -371,6 +383,8 @@ def load_recorded(cache: Path, log: Path | None = None, duration: str = "cpu",
     g = nx.DiGraph()
     units: dict[str, dict[str, int]] = {}
     info = {"actions_in_traces": 0, "without_result": 0, "not_in_log": 0}
+    mounts: dict[tuple[str, str], str] = {}  # (label, mount) -> a tree an action of it mounts whole there
+    narrowed: list[tuple[str, str, str, str]] = []
     seen_keys: set[str] = set()
     for label, trace in traces.items():
         for name, a in trace.get("actions", {}).items():
@@ -385,14 +399,24 @@ def load_recorded(cache: Path, log: Path | None = None, duration: str = "cpu",
                 info["without_result"] += 1
                 continue
             seen_keys.add(a["key"])
-            result, rowid = got
+            result, rowid, narrowed_reads = got
             desc = a["description"]
             secs = result["duration_s"]
             if duration == "cpu" and result.get("cpu_s", 0) > 0:
                 secs = result["cpu_s"]
-            reads = tuple(sorted(set(desc.get("inputs", {}).values())))
-            for t in reads:
+            whole = {m: t for m, t in desc.get("inputs", {}).items() if t != "narrowed"}
+            for m, t in whole.items():
                 units[t] = rec.blobs(t, memo)
+                mounts.setdefault((label, m), t)
+            reads = set(whole.values())
+            for m in set(desc.get("inputs", {})) - set(whole):
+                # A narrowed mount (a depfile action): its trace keeps no tree digest. The remote
+                # input root is the whole tree, which the target's other actions mount under the same
+                # name (see below); the files it read (its manifest) give its dependencies.
+                unit = f"read:{a['key']}:{m}"
+                units[unit] = dict.fromkeys((narrowed_reads.get(m) or {}).values(), 0)
+                narrowed.append((f"{label} {name}", label, m, unit))
+            reads = tuple(sorted(reads))
             out = "out:" + result["output_tree"]
             units[out] = rec.blobs(result["output_tree"], memo)
             node = f"{label} {name}"
@@ -400,6 +424,15 @@ def load_recorded(cache: Path, log: Path | None = None, duration: str = "cpu",
                        remote=desc.get("kind") == "exec" and not desc.get("host_paths"),
                        mnemonic=desc.get("mnemonic", ""), reads=reads, writes=out, tree=result["output_tree"],
                        order=wanted[(label, name)] if wanted is not None else rowid)
+    sizes: dict[str, int] = {}
+    for blobs in memo.values():
+        sizes.update(blobs)
+    for node, label, m, unit in narrowed:  # what a narrowed mount read gives dependencies ...
+        units[unit] = {d: sizes.get(d, 0) for d in units[unit]}
+        a = g.nodes[node]
+        a["dep_reads"] = a.get("dep_reads", ()) + (unit,)
+        # ... and its whole tree (another action's of the target at that mount) is what is sent
+        a["reads"] = tuple(sorted(set(a["reads"]) | {mounts.get((label, m), unit)}))
     _link_producers(g, rec, units, memo)
     info["planning_edges"] = _link_planners(g)
     info.update(actions=g.number_of_nodes(), edges=g.number_of_edges(),
@@ -459,8 +492,10 @@ def _link_producers(g: nx.DiGraph, rec: Recorded, units: dict[str, dict[str, int
 
     for n in list(g):
         mine = order[n]
-        for tree in g.nodes[n]["reads"]:
-            for producers in sources(tree):
+        for unit in set(g.nodes[n]["reads"]) | set(g.nodes[n].get("dep_reads", ())):
+            found = (sources(unit) if not unit.startswith("read:")
+                     else {tuple(by_blob[d]) for d in units[unit] if d in by_blob})
+            for producers in found:
                 first = next((p for p in producers if p != n and order[p] < mine), None)
                 if first is not None:
                     g.add_edge(first, n)
@@ -582,7 +617,7 @@ def _bgraph(ws: Path, cache: Path, *args: str, timeout: float = 900) -> tuple[di
     return summary, wall
 
 
-def run_check(work: Path, overheads=(0.25, 0.46)) -> dict[str, Any]:
+def run_check(work: Path, settings=((0.06, 0.19), (0.06, 0.40))) -> dict[str, Any]:
     """Build the sleep workload locally (`-j1`, its durations recorded), then remotely on 1 and 2
     workers of 1 slot each (a fresh BuildGrid each time, every worker warmed with the pinned /usr
     first), and put the simulation's walls beside the real ones."""
@@ -637,10 +672,10 @@ def run_check(work: Path, overheads=(0.25, 0.46)) -> dict[str, Any]:
             stack.stop()
         row = {"run": f"remote, {workers} worker(s) x 1 slot", "wall_s": summary["wall_s"],
                "outside_s": round(wall, 2), "executed": summary["executed"], "load": load}
-        for o in overheads:
-            sim = simulate(g, units, Params(workers=workers, overhead_s=o, warm=True, local_jobs=2))
-            row[f"simulated_s@{o}"] = sim["wall_s"]
-            row[f"real/simulated@{o}"] = round(summary["wall_s"] / sim["wall_s"], 3)
+        for o, lat in settings:  # (a worker's own time, the latency) per action
+            sim = simulate(g, units, Params(workers=workers, overhead_s=o, latency_s=lat, warm=True, local_jobs=2))
+            row[f"simulated_s@{o}+{lat}"] = sim["wall_s"]
+            row[f"real/simulated@{o}+{lat}"] = round(summary["wall_s"] / sim["wall_s"], 3)
         out["runs"].append(row)
     return out
 
@@ -649,6 +684,7 @@ def run_check(work: Path, overheads=(0.25, 0.46)) -> dict[str, Any]:
 
 def _params(args) -> Params:
     return Params(workers=1, slots=args.slots, local_jobs=args.local_jobs, overhead_s=args.overhead,
+                  latency_s=args.latency,
                   worker_bw=args.bandwidth * GB / 8, server_bw=args.server_bandwidth * GB / 8,
                   client_bw=args.client_bandwidth * GB / 8, priority=args.priority, warm=args.warm)
 
@@ -656,18 +692,21 @@ def _params(args) -> Params:
 def report(name: str, g: nx.DiGraph, units: dict[str, dict[str, int]], base: Params, workers) -> dict[str, Any]:
     """The critical path and the curve for one graph, printed and returned."""
     cp, path = critical_path(g)
-    cp_o, _ = critical_path(g, base.overhead_s)
+    per_action = base.overhead_s + base.latency_s
+    cp_o, _ = critical_path(g, per_action)
     total = sum(g.nodes[n]["seconds"] for n in g)
     print(f"{name}: {g.number_of_nodes()} actions ({sum(1 for n in g if g.nodes[n].get('remote', True))} remote), "
           f"{g.number_of_edges()} edges, {total:,.0f} s of work; critical path {cp:,.0f} s "
-          f"({cp_o:,.0f} s with {base.overhead_s} s per remote action), {len(path)} actions: the longest are")
+          f"({cp_o:,.0f} s with {per_action:g} s per remote action), {len(path)} actions: the longest are")
     for n in sorted(path, key=lambda n: -g.nodes[n]["seconds"])[:4]:
         print(f"    {g.nodes[n]['seconds']:8.1f} s  {n[:120]}")
     rows = curve(g, units, base, workers)
-    print(f"  {'workers':>7} {'wall s':>9} {'speed-up':>8} {'effic.':>6} {'to workers GB':>13} {'client GB':>9}")
+    print(f"  {'workers':>7} {'wall s':>9} {'speed-up':>8} {'effic.':>6} {'to workers GB':>13} "
+          f"{'client up GB':>12} {'client fetch GB':>15}")
     for r in rows:
         print(f"  {r['workers']:>7} {r['wall_s']:>9,.0f} {r.get('speedup') or 0:>8.2f} {r.get('efficiency') or 0:>6.2f}"
-              f" {r['worker_download_bytes'] / GB:>13.1f} {r['client_link_bytes'] / GB:>9.1f}")
+              f" {r['worker_download_bytes'] / GB:>13.1f} {r['client_upload_bytes'] / GB:>12.1f}"
+              f" {r['client_fetch_bytes'] / GB:>15.2f}")
     return {"name": name, "actions": g.number_of_nodes(), "edges": g.number_of_edges(), "work_s": round(total, 1),
             "critical_path_s": round(cp, 1), "critical_path_with_overhead_s": round(cp_o, 1),
             "critical_path": path, "params": base.__dict__, "curve": rows}
@@ -686,7 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default=",".join(map(str, WORKERS)), help="worker counts, comma-separated")
     ap.add_argument("--slots", type=int, default=1, help="slots per worker")
     ap.add_argument("--local-jobs", type=int, default=2, help="the client's lanes for fetches and unpacks")
-    ap.add_argument("--overhead", type=float, default=0.35, help="seconds per remote action (Execute to done)")
+    ap.add_argument("--overhead", type=float, default=0.06, help="seconds a worker spends per action beside it")
+    ap.add_argument("--latency", type=float, default=0.19,
+                    help="seconds from a worker's end of an action to the client seeing it done")
     ap.add_argument("--bandwidth", type=float, default=10, help="Gb/s of each worker's link")
     ap.add_argument("--server-bandwidth", type=float, default=25, help="Gb/s of the CAS server's link (shared)")
     ap.add_argument("--client-bandwidth", type=float, default=10, help="Gb/s of the client's link")

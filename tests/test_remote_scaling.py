@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import remote_scaling as rs  # noqa: E402
 
-FREE = dict(worker_bw=math.inf, server_bw=math.inf, client_bw=math.inf)
+FREE = dict(worker_bw=math.inf, server_bw=math.inf, client_bw=math.inf, latency_s=0.0)
 
 
 def toy() -> nx.DiGraph:
@@ -39,6 +39,17 @@ def test_one_worker_is_the_sum_and_many_the_critical_path():
     assert many["wall_s"] == 8.0 + 3 * 0.25  # a, c, d each pay the overhead
     # slots are workers too: 1 worker x 64 slots is as wide as 64 workers
     assert rs.simulate(g, {}, rs.Params(workers=1, slots=64, overhead_s=0.25, **FREE))["wall_s"] == many["wall_s"]
+
+
+def test_latency_delays_dependents_but_holds_no_worker():
+    """Latency 0.5 s per remote action: on the critical path a-c-d each adds it; three independent
+    1 s actions on one worker run back to back, and only the last one's latency shows."""
+    p = dict(FREE, latency_s=0.5)
+    assert rs.simulate(toy(), {}, rs.Params(workers=64, overhead_s=0.25, **p))["wall_s"] == 8.0 + 3 * 0.75
+    g = nx.DiGraph()
+    for i, n in enumerate("xyz"):
+        g.add_node(n, seconds=1.0, remote=True, reads=(), writes=None, order=i)
+    assert rs.simulate(g, {}, rs.Params(workers=1, overhead_s=0.0, **p))["wall_s"] == 3.5
 
 
 def test_two_workers_by_hand():
@@ -69,7 +80,7 @@ def test_transfers_at_a_stated_bandwidth():
     g.add_node("q", seconds=1.0, remote=True, reads=("tc", "out:p"), writes="out:q", order=1)
     g.add_edge("p", "q")
     units = {"tc": {"t": 300}, "out:p": {"p": 100}, "out:q": {"q": 100}}
-    slow = dict(worker_bw=100.0, server_bw=100.0, client_bw=100.0, overhead_s=0.0)
+    slow = dict(worker_bw=100.0, server_bw=100.0, client_bw=100.0, overhead_s=0.0, latency_s=0.0)
     r = rs.simulate(g, units, rs.Params(workers=1, **slow))
     assert r["wall_s"] == 12.0 and r["worker_download_bytes"] == 300
     # warm workers already hold the toolchain: 6 s less
@@ -83,8 +94,8 @@ def test_a_shared_link_serialises_two_downloads():
     for i, n in enumerate("uv"):
         g.add_node(n, seconds=1.0, remote=True, reads=("tc",), writes=None, order=i)
     units = {"tc": {"t": 100}}
-    r = rs.simulate(g, units, rs.Params(workers=2, overhead_s=0.0, worker_bw=math.inf, server_bw=100.0,
-                                        client_bw=math.inf))
+    r = rs.simulate(g, units, rs.Params(workers=2, overhead_s=0.0, latency_s=0.0, worker_bw=math.inf,
+                                        server_bw=100.0, client_bw=math.inf))
     assert r["wall_s"] == 3.0 and r["worker_download_bytes"] == 200
 
 
