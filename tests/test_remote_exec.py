@@ -157,6 +157,7 @@ def test_host_paths_are_not_sent(cas):
 # -- builds through BuildGrid and two `bgraph worker`s --------------------------------------------
 
 import contextlib  # noqa: E402
+import json  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -237,6 +238,11 @@ cmd = "sleep 3.4242; echo requeued > $OUT/v"
 kind = "genrule"
 outs = ["s"]
 cmd = "sleep 4242; touch $OUT/s"
+
+[poison]
+kind = "genrule"
+outs = ["p"]
+cmd = "sleep 8.4242; echo ran > $OUT/p"
 """
 
 
@@ -614,3 +620,56 @@ def test_worker_killed_mid_action_the_build_still_finishes(stack, root, module_t
     assert proc.returncode == 0, err[-3000:]
     assert (root / "bgraph-out" / "remote" / "victim" / "v").read_text() == "requeued\n"
     assert all(not Path(f"/proc/{p}").exists() for p in pids), "the killed worker's action outlived it"
+
+
+@needs_stack
+def test_poison_action_is_aborted_never_cached_reported_once_and_not_run_locally(stack, root, module_tmp):
+    """An action whose every run takes its worker down (here the worker running it is SIGKILLed
+    and started again under its name each time, as a machine dying under it would): BuildGrid
+    gives the job up after its attempts (ABORTED). The build fails with one line naming the
+    action, no local run happens, and nothing is filed: the next build Executes it again (no
+    local hit, no answer from BuildGrid's action cache). With --remote-local-fallback it runs
+    locally after the ABORTED, with one warning line, as Bazel's --remote_local_fallback does
+    for any failed remote execution but a timeout."""
+    def poisoned() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", "sleep 8.4242"], capture_output=True, text=True).stdout
+        return [int(x) for x in out.split()]
+
+    def build_killing_its_workers(*more: str) -> tuple[int, str, dict, int]:
+        """The build, each worker that runs the action killed and started again: (its exit
+        status, stderr, its --json summary, how many workers were killed)."""
+        kills = 0
+        with build_once_started(root, ws, stack.url, "//remote:poison", poisoned, *more) as (proc, _):
+            deadline = time.monotonic() + 400
+            while proc.poll() is None:
+                assert time.monotonic() < deadline, "BuildGrid never gave the poison action up"
+                for pid in poisoned():
+                    worker = next((w for w in stack.workers if w.proc.poll() is None
+                                   and w.proc.pid in _ancestors(pid)), None)
+                    if worker is not None:  # not the local run of the fallback
+                        worker.kill()
+                        stack.workers.remove(worker)
+                        stack.add_worker(worker.root.name)
+                        kills += 1
+                time.sleep(0.1)
+            out, err = proc.communicate()
+        return proc.returncode, err, json.loads(out), kills
+
+    assert not poisoned()
+    ws = WS(root, module_tmp / "remote-cache")
+    rc, err, summary, kills = build_killing_its_workers()
+    assert rc == 1 and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if "ABORTED" in line]
+    assert len(lines) == 1 and "//remote:poison" in lines[0], err[-3000:]  # reported once, naming it
+    assert kills == 5, (kills, err[-2000:])  # BuildGrid 0.9.1 tries a job 5 times (REMOTE-EXEC.md)
+    assert "running it locally" not in err and summary["remote_execution"]["fell_back"] == 0
+    assert summary["failed"] == 1 and not (root / "bgraph-out" / "remote" / "poison" / "p").exists()
+    # Nothing filed: the same action is Executed (and killed) again, then, with the fallback, run here.
+    rc, err, summary, kills = build_killing_its_workers("--remote-local-fallback")
+    assert rc == 0 and kills == 5, (kills, err[-3000:])
+    warnings = [line for line in err.splitlines() if "remote execution of" in line]
+    assert len(warnings) == 1 and "ABORTED" in warnings[0] and "running it locally" in warnings[0], err[-3000:]
+    assert summary["remote_execution"]["fell_back"] == 1
+    assert [a["status"] for a in summary["actions"] if a["label"] == "//remote:poison"] == ["executed"]
+    assert (root / "bgraph-out" / "remote" / "poison" / "p").read_text() == "ran\n"
+    assert not poisoned(), "a killed worker's action outlived it"

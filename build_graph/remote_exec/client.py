@@ -356,6 +356,10 @@ class RemoteRunner:
                 backoff = self._back_off(backoff)
                 continue
             name = _code_name(grpc, status.code)
+            if status.code == grpc.StatusCode.ABORTED.value[0]:
+                # BuildGrid's answer once every attempt failed on the workers' side (a worker
+                # lost mid-lease, INTERNAL, UNAVAILABLE): a poison action, not a passing fault.
+                raise RemoteFailure(f"the service gave it up after retrying it ({name}: {status.message})"[:300])
             raise RemoteFailure(f"{name}: {status.message}"[:300])
 
     def _transient(self, call):
