@@ -430,7 +430,8 @@ def load_recorded(cache: Path, log: Path | None = None, duration: str = "cpu",
     for node, label, m, unit in narrowed:  # what a narrowed mount read gives dependencies ...
         units[unit] = {d: sizes.get(d, 0) for d in units[unit]}
         a = g.nodes[node]
-        a["dep_reads"] = a.get("dep_reads", ()) + (unit,)
+        a.setdefault("dep_reads", a["reads"])  # the trees it mounts whole, before the line below
+        a["dep_reads"] += (unit,)
         # ... and its whole tree (another action's of the target at that mount) is what is sent
         a["reads"] = tuple(sorted(set(a["reads"]) | {mounts.get((label, m), unit)}))
     _link_producers(g, rec, units, memo)
@@ -441,8 +442,8 @@ def load_recorded(cache: Path, log: Path | None = None, duration: str = "cpu",
 
 
 def _link_planners(g: nx.DiGraph) -> int:
-    """Each action of a target waits for the planning actions (PLANNING) of that target that ended
-    before it; returns the edges added."""
+    """Each action of a target waits for the planning actions (PLANNING) of that target, of another
+    mnemonic than its own, that ended before it; returns the edges added."""
     added = 0
     by_label: dict[str, list[str]] = {}
     for n, a in g.nodes(data=True):
@@ -451,8 +452,8 @@ def _link_planners(g: nx.DiGraph) -> int:
         members.sort(key=lambda n: g.nodes[n]["order"])
         planners: list[str] = []
         for n in members:
-            for p in planners:
-                if not g.has_edge(p, n):
+            for p in planners:  # dry runs wait for the configure, not for each other
+                if g.nodes[p]["mnemonic"] != g.nodes[n]["mnemonic"] and not g.has_edge(p, n):
                     g.add_edge(p, n)
                     added += 1
             if g.nodes[n]["mnemonic"] in PLANNING:
@@ -492,7 +493,7 @@ def _link_producers(g: nx.DiGraph, rec: Recorded, units: dict[str, dict[str, int
 
     for n in list(g):
         mine = order[n]
-        for unit in set(g.nodes[n]["reads"]) | set(g.nodes[n].get("dep_reads", ())):
+        for unit in set(g.nodes[n].get("dep_reads", g.nodes[n]["reads"])):
             found = (sources(unit) if not unit.startswith("read:")
                      else {tuple(by_blob[d]) for d in units[unit] if d in by_blob})
             for producers in found:
