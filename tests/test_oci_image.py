@@ -14,6 +14,7 @@ import shutil
 import signal
 import socketserver
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bgraph_testlib import WS, requires_bwrap, workspace_copy
+from bgraph_testlib import WS, hermetic_env, requires_bwrap, workspace_copy
 from build_graph.errors import PlanError
 from build_graph.labels import Label
 from build_graph.model import Digester, FileEntry, SymlinkEntry, TargetOutput, Tree
@@ -695,3 +696,41 @@ def test_the_vllm_runtime_image_imports_torch_with_no_network_and_an_edit_reload
     print(f"\n//images:vllm-base cold build {cold:.0f}s; layers {[(l['name'], l['size']) for l in meta['layers']]}; "
           f"load {loaded['bytes_sent']} B in {loaded['seconds']}s; after the edit {thin['bytes_sent']} B in "
           f"{thin['seconds']}s")
+
+
+# -- the Spark's image (aarch64), checked on this x86_64 machine (slow: 8.5 GB of layers, an hour cold) --
+SPARK_CACHE_ENV = "BGRAPH_SPARK_IMAGE_CACHE"
+SPARK_DISK_GB = 12  # the layers unpacked (8.5 GB) and room to spare
+
+
+@pytest.mark.slow
+@requires_bwrap
+def test_the_spark_image_is_all_aarch64_and_imports_vllm_under_qemu(tmp_path):
+    """//images:vllm-sm121 as built in a warm cache (named by $BGRAPH_SPARK_IMAGE_CACHE: its vLLM and
+    FlashInfer wheels take about an hour of both cores cold): every ELF in its layers is AArch64, and
+    on its root filesystem the image's CPython under the pinned qemu-user imports vllm, flashinfer and
+    torch, loads their extension libraries and `vllm --version` prints 0.33.0
+    (bench/image_aarch64_check.py)."""
+    cache = os.environ.get(SPARK_CACHE_ENV)
+    if not cache or not Path(cache).is_dir():
+        pytest.skip(f"no warm cache: set {SPARK_CACHE_ENV} to a cache where `bgraph build //images:vllm-sm121` ran")
+    ws = WS(workspace_copy(tmp_path / "ws"), Path(cache))
+    plan = ws.cli("build", "--dry-run", "--platform", "aarch64", "//images:vllm-sm121", "//vllm:cuda-driver-stub")
+    if plan.rc != 0 or "would run" in plan.stderr:
+        pytest.skip(f"//images:vllm-sm121 is not built in {cache} (its dry run would run actions: an hour cold); "
+                    f"build it there first")
+    free_gb = shutil.disk_usage("/var/tmp").free / 1e9
+    if free_gb < SPARK_DISK_GB:
+        pytest.skip(f"needs {SPARK_DISK_GB} GB free under /var/tmp to unpack the layers, {free_gb:.1f} GB free")
+    check = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "image_aarch64_check.py"),
+                            "-C", str(ws.root), "--cache-dir", cache, "--label", "//images:vllm-sm121"],
+                           capture_output=True, text=True, timeout=3600, env=hermetic_env(), check=False)
+    report = json.loads(check.stdout) if check.stdout.strip().startswith("{") else {}
+    assert check.returncode == 0, (check.stdout[-4000:], check.stderr[-3000:])
+    assert report["all_elf_aarch64"] and report["elf_files"] > 100, report
+    assert [l["name"] for l in report["layers"]] == ["system", "cuda", "torch", "deps", "flashinfer", "vllm"]
+    assert all(l["digest_ok"] for l in report["layers"]), report["layers"]
+    probe = report["probe"]
+    assert (probe["machine"], probe["vllm"], probe["flashinfer"]) == ("aarch64", "0.33.0", "0.7.2.post1"), probe
+    assert probe["scaled_fp4_quant"] and probe["flashinfer_aot_modules"] > 0, probe
+    assert report["vllm_version"] == "0.33.0", report.get("vllm_version_error")
