@@ -39,9 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 REPO = Path(__file__).resolve().parents[1]
 ELF_MAGIC = b"\x7fELF"
 # Two Neoverse-N1 cores: the CPU qemu is told to be (7.2 has no Neoverse-V2, the Grace core).
@@ -105,6 +102,11 @@ def blob_sha256(path: Path) -> str:
 
 def scan_layer(path: Path) -> dict:
     """Count a layer's files and ELF files by machine; list whiteouts and what is not AArch64."""
+    from elftools.common.exceptions import (
+        ELFError,  # bgraph's pinned copy, put on sys.path by main
+    )
+    from elftools.elf.elffile import ELFFile
+
     machines: dict[str, int] = {}
     foreign: list[str] = []
     files = whiteouts = 0
@@ -161,6 +163,9 @@ def main() -> None:
     if shutil.which("bwrap") is None:
         fail("bubblewrap (bwrap) is not installed (apt-get install bubblewrap)")
 
+    # pyelftools as bgraph pins it for auditwheel (//toolchains:auditwheel's pure-Python tree).
+    host = bgraph_outputs(args.ws, args.cache_dir, "//toolchains:qemu-user", "//toolchains:auditwheel")
+    sys.path.insert(0, str(host["//toolchains:auditwheel"]))
     out = bgraph_outputs(args.ws, args.cache_dir, "--platform", "aarch64", args.label, "//vllm:cuda-driver-stub")
     [layout] = [p for k, p in out.items() if k.startswith(args.label)]
     meta = json.loads((layout / "image.json").read_text())
@@ -186,7 +191,6 @@ def main() -> None:
     if args.skip_run:
         return finish(report, ok)
 
-    host = bgraph_outputs(args.ws, args.cache_dir, "//toolchains:qemu-user")
     qemu = host["//toolchains:qemu-user"] / "usr/bin/qemu-aarch64-static"
     stub = out["//vllm:cuda-driver-stub (aarch64)"] / "libcuda.so"
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="helper-E-root-", dir="/var/tmp"))
