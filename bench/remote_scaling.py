@@ -15,9 +15,11 @@ trace key is its pre-key, whose `.reads.json` manifest names the key its result 
 gives its wall (`duration_s`) and its processes' CPU (`cpu_s`, 0 where not measured) and its output
 tree; directory nodes (`dirs/`) give every tree's blobs and sizes. **Dependencies are not recorded
 as such**: an action depends on the actions whose output blobs (or output directories) its input
-trees hold, found by walking its input trees. A blob produced by several actions (identical bytes)
-counts as produced by the earliest of them to finish (the build log's order, else the results'
-filing order); empty files are no dependency.
+trees hold, found by walking its input trees (for a depfile action's narrowed mounts, the files
+its manifest says it read). A blob produced by several actions (identical bytes) counts as produced
+by the earliest of them to finish (the build log's order, else the results' filing order); empty
+files are no dependency. Waits that no data shows are added: every action of a target waits for
+the target's planning actions (CMake configure, Ninja generator, nvcc dry run) that ended before it.
 
 **The model** (`simulate`, pure): W workers of `slots` slots each run the exec actions; the
 client's own `local_jobs` lanes run fetches and unpacks (they stay local, as `--remote-executor`
@@ -26,15 +28,16 @@ outputs of a remote action before its dependents start: a blake3 workspace keys 
 Ready actions are taken in FIFO order (bgraph's scheduler) or longest-remaining-path first
 (`--priority critical`). A remote action on worker w: the client first uploads the inputs the
 server lacks (client link), then w downloads the input blobs its own CAS lacks (server link, at
-most the worker's bandwidth), is held for the action's duration plus its own overhead (`overhead_s`: fetch, staging,
-collection, upload: 47-65 ms measured for a trivial action), uploads its outputs (server link),
+most the worker's bandwidth), is held for the action's duration plus its own overhead
+(`overhead_s`: fetch, staging, collection, upload: 47-65 ms measured for a trivial action),
+uploads its outputs (server link),
 and the client sees the action done `latency_s` later (the rest of Execute to done: BuildGrid's
 queue and SQL, the lease, the client's stream: 236-250 ms in all for a trivial action alone,
 463 ms median with 2 in flight under load; BENCHMARKS.md "Remote execution on BuildGrid") and
 fetches its outputs (client link). Latency delays dependents but holds no worker: with actions
-queued, a worker takes its next lease at once. Links are FIFO: a transfer waits for the ones before it on the same
-link. Worker caches start empty (`cold`) or holding everything the remote actions did not make
-(`--warm`: a fleet that has the toolchains already).
+queued, a worker takes its next lease at once. A link carries one transfer at a time (each takes
+the earliest gap long enough for it). Worker caches start empty (cold) or holding everything the
+remote actions did not make (`--warm`: a fleet that has the toolchains already).
 """
 
 from __future__ import annotations
@@ -749,7 +752,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache is None:
             print("error: recorded needs --cache\nhint: --cache /var/tmp/vllm-cache --log <cache>/logs/build-*.log")
             return 2
-        g, units, info = load_recorded(args.cache, args.log, args.duration, args.labels)
+        try:
+            if args.labels:
+                re.compile(args.labels)
+            g, units, info = load_recorded(args.cache, args.log, args.duration, args.labels)
+        except re.error as e:
+            print(f"error: --labels {args.labels!r} is not a regular expression: {e}\nhint: --labels '^//vllm:'")
+            return 2
+        except (sqlite3.Error, KeyError, TypeError, ValueError) as e:
+            print(f"error: the state file under {args.cache} could not be read: {e}\n"
+                  "hint: a cache of another bgraph version, or damaged; simulate another build's cache")
+            return 2
         print(f"read {info}")
         out = {"source": {"cache": str(args.cache), "log": str(args.log) if args.log else None,
                           "duration": args.duration, **info},

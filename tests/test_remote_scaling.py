@@ -128,3 +128,55 @@ def test_flashinfer_estimate_has_the_sets_shape(tmp_path):
     assert rs.main(["flashinfer", "--workers", "1,256", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["curve"]
     assert rows[0]["wall_s"] > 5 * rows[1]["wall_s"]  # wide: 5,500 steps
+
+
+def test_a_recorded_cache_that_is_not_one_is_one_line(tmp_path, capsys):
+    """A state file that is not SQLite, and a bad --labels regex: one line each, no traceback."""
+    base = tmp_path / "v1" / "blake3"
+    base.mkdir(parents=True)
+    (base / "state-v2.sqlite").write_bytes(b"not a database, not even close" * 100)
+    assert rs.main(["recorded", "--cache", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.startswith("error: the state file")
+    assert rs.main(["recorded", "--cache", str(tmp_path), "--labels", "["]) == 2
+    assert capsys.readouterr().out.startswith("error: --labels")
+
+
+def test_the_graph_read_back_from_a_real_build_is_the_one_built(make_ws):
+    """Three genrules built by bgraph (b reads a; c reads a and b; d alone): the loader finds exactly
+    those dependencies in the cache, each action's recorded wall, and its output's bytes."""
+    ws = make_ws({"targets/t.toml": """
+[a]
+kind = "genrule"
+outs = ["o"]
+cmd = "echo alpha-output > $OUT/o"
+
+[b]
+kind = "genrule"
+deps = { a = ":a" }
+outs = ["o"]
+cmd = "cat $IN_A/o > $OUT/o; echo beta >> $OUT/o"
+
+[c]
+kind = "genrule"
+deps = { a = ":a", b = ":b" }
+outs = ["o"]
+cmd = "cat $IN_A/o $IN_B/o > $OUT/o; sleep 0.3"
+
+[d]
+kind = "genrule"
+outs = ["o"]
+cmd = "echo delta > $OUT/o"
+"""})
+    run = ws.build("//t:c", "//t:d")
+    assert run.rc == 0, run.output[-2000:]
+    g, units, info = rs.load_recorded(ws.cache, duration="wall", labels=r"^//t:")
+    label = {n: n.split(" ")[0].removeprefix("//t:") for n in g}
+    assert sorted(label.values()) == ["a", "b", "c", "d"]
+    assert sorted((label[u], label[v]) for u, v in g.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
+    c = next(n for n in g if label[n] == "c")
+    assert g.nodes[c]["seconds"] >= 0.3
+    # make_ws's //toolchains:host is host_tools (the host's /usr mounted): such an action has no
+    # content to send, and --remote-executor runs it locally; the loader says the same
+    assert not g.nodes[c]["remote"]
+    assert sum(units[g.nodes[c]["writes"]].values()) == len("alpha-output\nalpha-output\nbeta\n")
+    assert rs.critical_path(g)[1][-1] == c
