@@ -58,7 +58,7 @@ class DryrunError(ValueError):
 class Step:
     """One nvcc internal step with its argv rewritten to fixed sandbox paths."""
 
-    kind: str  # hostpp | cudafe | devpp | cicc | ptxas | fatbin | hostcc
+    kind: str  # hostpp | cudafe | devpp | cicc | ptxas | fatbin (and its object) | hostcc | link
     arch: str | None
     argv: list[str]
     inputs: list[str] = field(default_factory=list)   # intermediate names read from /bgraph/in
@@ -150,10 +150,16 @@ extern const __fatBinC_Wrapper_t $sym;
 EOF
 exec "$@" -iquote /tmp/bgraph-fatbin
 """
-_FATBIN_OBJ_SCRIPT = r"""set -e
-sed "s/^static const __fatBinC_Wrapper_t __fatDeviceText /__attribute__((visibility(\"hidden\"))) const __fatBinC_Wrapper_t $3 /" "$1" > /tmp/fatbin.c
-grep -q "const __fatBinC_Wrapper_t $3 " /tmp/fatbin.c || { echo "bgraph: unexpected fatbin.c layout in $1" >&2; exit 1; }
-exec /usr/bin/gcc -c -x c -fPIC -I/bgraph/toolchain/include /tmp/fatbin.c -o "$2"
+# fatbinary and the object of its fatbin.c in one action: the object is a function of the
+# fatbinary's output alone and nothing else reads that output, so a step between them would
+# cut nothing off; one sandbox less per TU (issue 34). Arguments: the fatbin.c fatbinary
+# writes, the object, the wrapper's symbol, then fatbinary's own command.
+_FATBIN_SCRIPT = r"""set -e
+c=$1; obj=$2; sym=$3; shift 3
+"$@"
+sed "s/^static const __fatBinC_Wrapper_t __fatDeviceText /__attribute__((visibility(\"hidden\"))) const __fatBinC_Wrapper_t $sym /" "$c" > /tmp/fatbin.c
+grep -q "const __fatBinC_Wrapper_t $sym " /tmp/fatbin.c || { echo "bgraph: unexpected fatbin.c layout in $c" >&2; exit 1; }
+exec /usr/bin/gcc -c -x c -fPIC -I/bgraph/toolchain/include /tmp/fatbin.c -o "$obj"
 """
 
 
@@ -222,9 +228,10 @@ def parse_dryrun(text: str, object_name: str,
                          *(("/bgraph/out/" + host_obj) if a == object_name else a for a in step.argv)]
             steps.append(step)
             fatbin_obj = object_name.removesuffix(".o") + ".fatbin.o"
-            steps.append(Step("fatbinobj", None, ["/bin/sh", "-c", _FATBIN_OBJ_SCRIPT, "fatbinobj",
-                                                  f"/bgraph/in/{fatbin}", f"/bgraph/out/{fatbin_obj}", fatbin_symbol],
-                              inputs=[fatbin], outputs=[fatbin_obj]))
+            maker = next(st for st in steps if fatbin in st.outputs)
+            maker.argv = ["/bin/sh", "-c", _FATBIN_SCRIPT, "fatbin", f"/bgraph/out/{fatbin}",
+                          f"/bgraph/out/{fatbin_obj}", fatbin_symbol, *maker.argv]
+            maker.outputs.append(fatbin_obj)
             steps.append(Step("link", None, ["/usr/bin/ld", "-r", f"/bgraph/in/{host_obj}", f"/bgraph/in/{fatbin_obj}",
                                              "-o", f"/bgraph/out/{object_name}"],
                               inputs=[host_obj, fatbin_obj], outputs=[object_name]))

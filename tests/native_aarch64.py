@@ -247,7 +247,7 @@ def _output_tree(cache: Path, link: str):
 
 # ---- the step-by-step comparison ------------------------------------------------------------
 
-STEP_ORDER = ("dryrun", "hostpp", "cudafe", "devpp", "cicc", "ptxas", "fatbin", "hostcc", "fatbinobj", "link",
+STEP_ORDER = ("dryrun", "hostpp", "cudafe", "devpp", "cicc", "ptxas", "fatbin", "hostcc", "link",
               "archive")
 
 

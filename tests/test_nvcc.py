@@ -19,7 +19,7 @@ def test_two_arch_dryrun_becomes_per_arch_steps():
         ("hostpp", None), ("cudafe", None),
         ("devpp", "1200"), ("cicc", "120a"), ("ptxas", "120a"),
         ("devpp", "1210"), ("cicc", "121a"), ("ptxas", "121a"),
-        ("fatbin", None), ("hostcc", None), ("fatbinobj", None), ("link", None)]
+        ("fatbin", None), ("hostcc", None), ("link", None)]
     assert env["NVVMIR_LIBRARY_DIR"].startswith("/bgraph/toolchain")
     cicc121 = steps[6]
     assert cicc121.inputs == ["k.module_id", "k.compute_121a.cpp1.ii"]
@@ -30,11 +30,13 @@ def test_two_arch_dryrun_becomes_per_arch_steps():
     # Only preprocessing reads the source: the compile steps are keyed on their inputs alone.
     assert [s.kind for s in steps if s.reads_source] == ["hostpp", "devpp", "devpp"]
     # The host compile never reads the fatbinary (a stand-in declares its wrapper); the fatbin is
-    # compiled alone and `ld -r` joins the two into the TU's object.
-    host, fatobj, link = steps[-3:]
+    # compiled alone, in fatbinary's own action, and `ld -r` joins the two into the TU's object.
+    fatbin, host, link = steps[-3:]
     assert host.outputs == ["k.host.o"] and "k.fatbin.c" not in host.needs()
     assert host.aliases == {"k.cudafe1.stub.c": "k.compute_121a.cudafe1.stub.c"}
-    assert fatobj.inputs == ["k.fatbin.c"] and link.inputs == ["k.host.o", "k.fatbin.o"]
+    assert fatbin.outputs[-2:] == ["k.fatbin.c", "k.fatbin.o"] and fatbin.argv[:2] == ["/bin/sh", "-c"]
+    assert fatbin.inputs == ["k.compute_120a.cubin", "k.compute_121a.cubin"]
+    assert link.inputs == ["k.host.o", "k.fatbin.o"]
     assert link.outputs == ["k.o"]
 
 

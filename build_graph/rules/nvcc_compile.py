@@ -23,7 +23,7 @@ from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
 
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
                  "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
-                 "fatbinobj": "CudaFatbinObject", "link": "CudaObjectLink"}
+                 "link": "CudaObjectLink"}
 
 
 @dataclass(frozen=True)
