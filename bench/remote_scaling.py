@@ -52,7 +52,7 @@ import re
 import sqlite3
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -609,7 +609,7 @@ def _bgraph(ws: Path, cache: Path, *args: str, timeout: float = 900) -> tuple[di
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
                            "build", "--json", *args], capture_output=True, text=True, env=hermetic_env(),
-                          cwd=ws, timeout=timeout)
+                          cwd=ws, timeout=timeout, check=False)
     wall = time.monotonic() - start
     try:
         summary = json.loads(proc.stdout)

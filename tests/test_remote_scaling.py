@@ -11,9 +11,9 @@ import networkx as nx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import remote_scaling as rs  # noqa: E402
+import remote_scaling as rs
 
-FREE = dict(worker_bw=math.inf, server_bw=math.inf, client_bw=math.inf, latency_s=0.0)
+FREE = {"worker_bw": math.inf, "server_bw": math.inf, "client_bw": math.inf, "latency_s": 0.0}
 
 
 def toy() -> nx.DiGraph:
@@ -44,7 +44,7 @@ def test_one_worker_is_the_sum_and_many_the_critical_path():
 def test_latency_delays_dependents_but_holds_no_worker():
     """Latency 0.5 s per remote action: on the critical path a-c-d each adds it; three independent
     1 s actions on one worker run back to back, and only the last one's latency shows."""
-    p = dict(FREE, latency_s=0.5)
+    p = {**FREE, "latency_s": 0.5}
     assert rs.simulate(toy(), {}, rs.Params(workers=64, overhead_s=0.25, **p))["wall_s"] == 8.0 + 3 * 0.75
     g = nx.DiGraph()
     for i, n in enumerate("xyz"):
@@ -80,7 +80,7 @@ def test_transfers_at_a_stated_bandwidth():
     g.add_node("q", seconds=1.0, remote=True, reads=("tc", "out:p"), writes="out:q", order=1)
     g.add_edge("p", "q")
     units = {"tc": {"t": 300}, "out:p": {"p": 100}, "out:q": {"q": 100}}
-    slow = dict(worker_bw=100.0, server_bw=100.0, client_bw=100.0, overhead_s=0.0, latency_s=0.0)
+    slow = {"worker_bw": 100.0, "server_bw": 100.0, "client_bw": 100.0, "overhead_s": 0.0, "latency_s": 0.0}
     r = rs.simulate(g, units, rs.Params(workers=1, **slow))
     assert r["wall_s"] == 12.0 and r["worker_download_bytes"] == 300
     # warm workers already hold the toolchain: 6 s less
@@ -121,7 +121,7 @@ def test_bad_input_is_one_line(capsys):
 
 
 def test_flashinfer_estimate_has_the_sets_shape(tmp_path):
-    g, units, assumptions = rs.flashinfer_estimate()
+    g, _units, assumptions = rs.flashinfer_estimate()
     assert (assumptions["modules"], assumptions["tus"]) == (160, 670)
     assert nx.is_directed_acyclic_graph(g)
     out = tmp_path / "fi.json"
@@ -169,7 +169,7 @@ cmd = "echo delta > $OUT/o"
 """})
     run = ws.build("//t:c", "//t:d")
     assert run.rc == 0, run.output[-2000:]
-    g, units, info = rs.load_recorded(ws.cache, duration="wall", labels=r"^//t:")
+    g, units, _info = rs.load_recorded(ws.cache, duration="wall", labels=r"^//t:")
     label = {n: n.split(" ")[0].removeprefix("//t:") for n in g}
     assert sorted(label.values()) == ["a", "b", "c", "d"]
     assert sorted((label[u], label[v]) for u, v in g.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
