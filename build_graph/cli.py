@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from build_graph.errors import BgraphError, disk_full
 from build_graph.labels import expand, parse_label
@@ -762,6 +762,27 @@ def run() -> NoReturn:
     os._exit(code or 0)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken the way Ctrl-C is (a CI timeout, `kill`, a container stopping)."""
+
+
+def _terminate_as_interrupt() -> Callable[[], None]:
+    """Make SIGTERM stop a command as Ctrl-C does: sandboxes killed, remote operations cancelled,
+    the store left consistent (it killed the process at once, and a remote action ran on). An
+    inherited ignore is kept, as for SIGINT; only the main thread can install it (tests call main
+    from others)."""
+    import signal
+    import threading
+
+    def stop(_sig, _frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)  # for a caller of main() that goes on
+
+
 def main(argv: list[str] | None = None) -> int:
     import gc
 
@@ -780,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # No emoji codes: "//p:a: ..." would print as "//p🅰 ...".
     console = Console(stderr=True, emoji=False, soft_wrap=True)
+    restore = _terminate_as_interrupt()
     try:
         return args.fn(args, console)
     except BgraphError as e:
@@ -799,6 +821,11 @@ def main(argv: list[str] | None = None) -> int:
                       "  hint: check that path (permissions, a file where a directory is expected, free space)",
                       highlight=False)
         return 2
+    except Terminated:
+        console.print("[yellow]terminated[/]: the store is consistent; finished actions are cached")
+        return 143
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the store is consistent; finished actions are cached")
         return 130
+    finally:
+        restore()
