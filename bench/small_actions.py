@@ -628,12 +628,14 @@ __device__ __forceinline__ float f(float x) { return x * x + 1.0f; }
 """
 
 
+KERNELS_PER_TU = 1  # --kernels-per-tu: a larger TU of the same shape
+
+
 def tu_source(i: int) -> str:
-    return (f'#include "tiny.cuh"\n'
-            f"__global__ void k{i}(float* y, const float* x, int n) {{\n"
-            f"  int t = blockIdx.x * blockDim.x + threadIdx.x;\n"
-            f"  if (t < n) y[t] = tiny::f(x[t]) + {i}.0f;\n}}\n"
-            f"int tiny_tu_{i}() {{ return {i}; }}\n")
+    kernels = "".join(f"__global__ void k{i}_{j}(float* y, const float* x, int n) {{\n"
+                      f"  int t = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                      f"  if (t < n) y[t] = tiny::f(x[t]) * {j + 1}.0f + {i}.0f;\n}}\n" for j in range(KERNELS_PER_TU))
+    return f'#include "tiny.cuh"\n{kernels}int tiny_tu_{i}() {{ return {i}; }}\n'
 
 
 def write_tiny_sources(root: Path, tus: int) -> None:
@@ -832,7 +834,7 @@ def part_cuda(bg: Bgraph, root: Path, args, results: dict, base: Bgraph | None =
     finally:
         if "sccache" in builders:
             builders["sccache"].stop()
-    results["cuda"] = {"tus": args.tus, "archs": ARCHS, "jobs": args.jobs, "runs": rows,
+    results["cuda"] = {"tus": args.tus, "archs": ARCHS, "kernels_per_tu": KERNELS_PER_TU, "jobs": args.jobs, "runs": rows,
                        "versions": {k: b.bg.version for k, b in builders.items() if isinstance(b, TinyBgraph)},
                        "sccache": tool_version([sccache, "--version"]) if sccache else "not installed",
                        "nvcc": tool_version([nvcc, "--version"])}
@@ -1088,6 +1090,7 @@ def part_strace(bg: Bgraph, root: Path, args, results: dict) -> None:
 
 
 def main() -> int:
+    global ARCHS, KERNELS_PER_TU
     if len(sys.argv) > 2 and sys.argv[1] == "--switch-interval-child":
         sys.setswitchinterval(float(sys.argv[2]))
         from build_graph.cli import run as cli_run
@@ -1099,6 +1102,8 @@ def main() -> int:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--n", type=int, default=300, help="genrules")
     ap.add_argument("--tus", type=int, default=24, help="tiny .cu translation units")
+    ap.add_argument("--archs", default=",".join(ARCHS), help="cuda part: the arch list, comma-separated")
+    ap.add_argument("--kernels-per-tu", type=int, default=1, help="cuda part: __global__ functions per TU")
     ap.add_argument("--repeat", type=int, default=3, help="repeats of the genrule part")
     ap.add_argument("--cuda-repeat", type=int, default=2, help="repeats of the cuda part")
     ap.add_argument("--gil-repeat", type=int, default=2, help="pairs of builds in the gil part")
@@ -1116,6 +1121,7 @@ def main() -> int:
     ap.add_argument("--keep-traces", help="copy the --profile traces and profiler outputs into this directory")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
+    ARCHS, KERNELS_PER_TU = [a for a in args.archs.split(",") if a], args.kernels_per_tu
     parts = args.parts.split(",")
     if args.keep_traces:
         Path(args.keep_traces).mkdir(parents=True, exist_ok=True)
