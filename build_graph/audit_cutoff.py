@@ -39,7 +39,7 @@ from build_graph.rules.base import OUT, TOOLCHAIN
 
 # nvcc's steps after preprocessing (nvcc_compile.STEP_MNEMONIC, less the two preprocessing steps).
 AFTER_PREPROCESSING = frozenset({"CudaDryrun", "CudaFrontend", "CudaCicc", "CudaPtxas", "CudaFatbinary",
-                                 "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})
+                                 "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})  # FatbinObject: traces before fatbinary took it in
 PREPROCESSING = frozenset({"CudaDevicePreprocess", "CudaHostPreprocess"})
 HEADERS = "include/"
 

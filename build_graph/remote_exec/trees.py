@@ -5,6 +5,8 @@ recently used ones: a pinned /usr that every lease mounts stays; one action's so
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -22,6 +24,7 @@ class TreeCache:
         self.cas, self.keep = cas, keep
         self._recent: OrderedDict[str, int] = OrderedDict()  # digest -> leases using it now
         self._lock = threading.Lock()
+        self._aside = itertools.count()
 
     def take(self, tree: Tree) -> Path:
         """The read-only directory of `tree`, held until give_back()."""
@@ -46,9 +49,17 @@ class TreeCache:
             while len(self._recent) > self.keep and idle:
                 d = idle.pop(0)  # oldest first
                 del self._recent[d]
-                drop.append(d)
                 # LocalCas remembers trees it checked whole: forget it, or it would hand out the
                 # removed directory's path.
                 self.cas._intact.discard(d)
-        for d in drop:
-            rmtree(self.cas.trees / d)
+                # Set aside under the lock, removed outside it: a take() of the same digest from
+                # now on makes it afresh instead of meeting a directory half removed.
+                aside = self.cas.tmp / f"gone-{d}-{next(self._aside)}"
+                try:
+                    os.chmod(self.cas.trees / d, 0o755)  # a directory moved to another parent must be writable
+                    os.rename(self.cas.trees / d, aside)
+                except FileNotFoundError:
+                    continue
+                drop.append(aside)
+        for path in drop:
+            rmtree(path)

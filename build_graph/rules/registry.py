@@ -5,7 +5,7 @@ rules (all of them took 40 ms of each command's start)."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +74,9 @@ _KINDS: dict[str, tuple[str, Callable[[Any], Rule]]] = {
 }
 
 
-class _Rules(Mapping[str, Rule]):
-    """The kinds, each Rule made (and its module imported) on first use."""
+class _Rules(MutableMapping[str, Rule]):
+    """The kinds, each Rule made (and its module imported) on first use. Setting one replaces
+    its Rule (tests swap a kind's planner)."""
 
     def __init__(self) -> None:
         self._made: dict[str, Rule] = {}
@@ -87,8 +88,16 @@ class _Rules(Mapping[str, Rule]):
             rule = self._made[kind] = make(importlib.import_module(f"build_graph.rules.{module}"))
         return rule
 
+    def __setitem__(self, kind: str, rule: Rule) -> None:
+        if kind not in _KINDS:
+            raise KeyError(kind)  # a kind is one of the table's; there is no adding one at run time
+        self._made[kind] = rule
+
+    def __delitem__(self, kind: str) -> None:
+        self._made.pop(kind, None)  # made again from its module on next use
+
     def __contains__(self, kind: object) -> bool:
-        return kind in _KINDS
+        return isinstance(kind, str) and kind in _KINDS  # a list or table written as `kind` is unknown
 
     def __iter__(self) -> Iterator[str]:
         return iter(_KINDS)
@@ -97,4 +106,4 @@ class _Rules(Mapping[str, Rule]):
         return len(_KINDS)
 
 
-RULES: Mapping[str, Rule] = _Rules()
+RULES: MutableMapping[str, Rule] = _Rules()

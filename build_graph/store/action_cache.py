@@ -21,7 +21,7 @@ class LocalActionCache:
         self._root = os.fspath(self.root)
         self.tmp = tmp
         self._tmp = os.fspath(tmp)
-        self._names = (f"a{n}" for n in itertools.count())  # our own staging: see atomic.stage
+        self._names = itertools.count()  # names in our own staging: see atomic.stage
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
         self._listing = MissListing(self.keys)
@@ -56,7 +56,7 @@ class LocalActionCache:
         """File `result` under `key`: written beside, renamed into place (atomic)."""
         # A counter-named staging file and the shard made only when missing: mkstemp's random
         # name and a mkdir per entry were half of filing a small action's result.
-        tmp = stage(self._tmp, self._names, orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
+        tmp = stage(self._tmp, "a", self._names, orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
         try:
             rename_into_shard(tmp, f"{self._root}/{key[:2]}/{key[2:]}.json")
         except BaseException:

@@ -46,12 +46,13 @@ def write_bytes(dest: Path, data: bytes, tmp_dir: Path | None = None) -> None:
     os.replace(tmp, dest)
 
 
-def stage(tmp_dir: str, names, data: bytes) -> str:
+def stage(tmp_dir: str, prefix: str, counter, data: bytes) -> str:
     """A new file holding `data` in `tmp_dir`, a staging directory this process leases, named
-    by the next of `names` (a counter: mkstemp's random names were a tenth of storing a small
-    source). O_EXCL: a name found taken is skipped, never overwritten."""
+    `prefix` and the next of `counter` (an itertools.count: one C call, safe from many threads;
+    mkstemp's random names were a tenth of storing a small source). O_EXCL: a name found taken
+    is skipped, never overwritten."""
     while True:
-        path = f"{tmp_dir}/{next(names)}"
+        path = f"{tmp_dir}/{prefix}{next(counter)}"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             break

@@ -225,7 +225,7 @@ class LocalCas:
             d.mkdir(parents=True, exist_ok=True)
         self.tmp, self._lease_fd = self._lease_staging(staging)
         self._tmp_dir = os.fspath(self.tmp)
-        self._tmp_names = (f"b{n}" for n in itertools.count())  # names in our own staging (see _staged)
+        self._tmp_names = itertools.count()  # names in our own staging (see _staged)
         self.holds = Holds(self.tmp, self.layout_root)
         self._verified: set[str] = set()
         self._intact: set[str] = set()  # materialized trees checked whole by this process
@@ -312,7 +312,7 @@ class LocalCas:
     def _staged(self, data: bytes) -> str:
         """A new file holding `data` in this process's staging directory (leased, so a counter
         names it)."""
-        return stage(self._tmp_dir, self._tmp_names, data)
+        return stage(self._tmp_dir, "b", self._tmp_names, data)
 
     def put_bytes(self, data: bytes, executable: bool = False) -> FileEntry:
         digest = self.digester.of(data)
@@ -523,7 +523,8 @@ class LocalCas:
     def evict(self, digest: str) -> None:
         """Drop a bad blob, and the materialized trees that hold it (they hard-link it)."""
         from build_graph.store.uptodate import bump_generation
-        evict_blob(self.layout_root, self.blob_path(digest))
+        for tree in evict_blob(self.layout_root, self.blob_path(digest)):
+            self._intact.discard(tree.name)  # removed (or set aside): materialize makes it again
         bump_generation(self.layout_root)  # the cache lost something: no record or memo of it holds
         self._verified.discard(digest)
         self._verified.discard(digest + ".x")
