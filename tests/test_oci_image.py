@@ -228,6 +228,24 @@ def test_a_wheel_part_is_unpacked_into_site_packages_with_its_console_scripts():
     assert set(spec["files"]) == {"usr/local/bin/demo-cli", "etc/passwd", "etc/group"}  # the bottom layer
 
 
+def test_a_wheel_without_entry_points_gets_the_scripts_its_part_declares():
+    wheel = TargetOutput(Tree({"demo-1.0-py3-none-any.whl": FileEntry("5" * 64, 100)}),
+                         {"wheel": "demo-1.0-py3-none-any.whl"})
+    gen = _plan({"layers": [{"name": "app", "from": [{"wheel": ":demo", "scripts": {"demo": "demo.cli:main"}}]}]},
+                {"demo": wheel})
+    [unpack] = next(gen)
+    from build_graph.model import Outcome
+    [layer] = gen.send([Outcome(unpack, Tree({"demo/__init__.py": FileEntry("6" * 64, 1)}), "executed")])
+    assert json.loads(layer.argv[-1])["files"]["usr/local/bin/demo"] == {
+        "text": "#!/usr/bin/python3\nimport sys\nfrom demo.cli import main\nsys.exit(main())\n", "mode": 0o755}
+    with pytest.raises(ValueError, match="not a name and module:function"):
+        _first_round({"layers": [{"name": "app", "from": [{"wheel": ":demo", "scripts": {"x": "a b"}}]}]},
+                     {"demo": wheel})
+    with pytest.raises(ValueError, match="scripts are a wheel part"):
+        _first_round({"layers": [{"name": "app", "from": [{"tree": ":demo", "scripts": {"x": "a:b"}}]}]},
+                     {"demo": wheel})
+
+
 # -- built for real: two workspaces, two caches ---------------------------------------------------------
 APP_TARGETS = """\
 package = "//imgtest"

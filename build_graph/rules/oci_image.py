@@ -89,11 +89,18 @@ class Part(Attrs):
     at: str | None = Field(None, description="path in the image (default: / for a tree, `site_packages` for a wheel)")
     include: list[str] = Field(default_factory=list, description="globs of the paths to take (default: all)")
     exclude: list[str] = Field(default_factory=list, description="globs of the paths to leave out")
+    scripts: dict[str, str] = Field(default_factory=dict, description="console scripts (name -> module:function) "
+                                    "a wheel's entry points lack, written to usr/local/bin as pip writes its own")
 
     @model_validator(mode="after")
     def _one_source(self) -> "Part":
         if (self.tree is None) == (self.wheel is None):
             raise ValueError("a part names exactly one of tree or wheel")
+        if self.scripts and not self.wheel:
+            raise ValueError("scripts are a wheel part's (a tree part places its own files)")
+        for name, ref in self.scripts.items():
+            if _launcher(ref, "/") is None or not re.fullmatch(r"[\w.-]+", name):
+                raise ValueError(f"script {name} = {ref!r} is not a name and module:function")
         if self.at is not None:
             try:
                 _relpath(self.at)
@@ -229,14 +236,22 @@ def _console_scripts(ctx: RuleContext, tree: Tree, python: str) -> dict[str, str
         if not parser.has_section("console_scripts"):
             continue
         for name, value in parser.items("console_scripts"):
-            ref = value.split("[", 1)[0].strip()
-            module, _, qualname = ref.partition(":")
-            if not re.fullmatch(r"[\w.]+", module) or not re.fullmatch(r"[\w.]*", qualname) or "/" in name:
+            text = _launcher(value, python)
+            if text is None or "/" in name:
                 raise ctx.fail(f"{path}: console script {name} = {value!r} is not module:function", "layers")
-            head = qualname.split(".")[0] if qualname else None
-            call = f"from {module} import {head}\nsys.exit({qualname}())" if head else f"import {module}"
-            out[name] = f"#!{python}\nimport sys\n{call}\n"
+            out[name] = text
     return out
+
+
+def _launcher(value: str, python: str) -> str | None:
+    """The launcher pip writes for a console script `module:function [extras]`; None if it is not one."""
+    ref = value.split("[", 1)[0].strip()
+    module, _, qualname = ref.partition(":")
+    if not re.fullmatch(r"[\w.]+", module) or not re.fullmatch(r"[\w.]*", qualname):
+        return None
+    head = qualname.split(".")[0] if qualname else None
+    call = f"from {module} import {head}\nsys.exit({qualname}())" if head else f"import {module}"
+    return f"#!{python}\nimport sys\n{call}\n"
 
 
 class _Layer:
@@ -335,7 +350,10 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
                                + (f" (include {p.include}, exclude {p.exclude})" if p.include or p.exclude else ""),
                                "layers")
             if p.wheel:
-                for script, text in _console_scripts(ctx, tree, a.python).items():
+                scripts = _console_scripts(ctx, tree, a.python)
+                # A wheel built without entry_points.txt (bgraph's vLLM wheel) gets its scripts declared.
+                scripts.update({n: _launcher(ref, a.python) for n, ref in p.scripts.items() if n not in scripts})
+                for script, text in sorted(scripts.items()):
                     layer.files[f"usr/local/bin/{script}"] = {"text": text, "mode": 0o755}
             at = _relpath(p.at) if p.at is not None else (site if p.wheel else "")
             trees.append(tree.prefixed(at) if at else tree)
