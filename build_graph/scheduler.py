@@ -73,13 +73,24 @@ class Scheduler:
                     break
             else:
                 return
-            self._running += 1
-            self._mem += mem
-            self.peak_running = max(self.peak_running, self._running)
-            self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
-            t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
-            self._threads.append(t)
-            t.start()
+            started = False
+            try:
+                self._running += 1
+                self._mem += mem
+                self.peak_running = max(self.peak_running, self._running)
+                self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
+                t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
+                self._threads.append(t)
+                t.start()
+                started = True
+            finally:
+                if not started:
+                    # Ctrl-C or SIGTERM (raised in the main thread between any two bytecodes)
+                    # landed here: give the slot back, else the filers, which end once nothing
+                    # runs, never end and join() hangs.
+                    self._running -= 1
+                    self._mem -= mem
+                    fut.cancel()
 
     def _work(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
         later = None

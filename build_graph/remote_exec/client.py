@@ -48,6 +48,7 @@ MAX_BACK_OFFS = 40  # RESOURCE_EXHAUSTED answers absorbed per call (back-off dou
 FIND_MISSING_BATCH = 10000  # digests per FindMissingBlobs request (about 100 bytes each)
 WRITABLE_MARK = ".bgraph-out-writable"  # see RemoteRunner._whole_out
 FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest of a build runs locally
+CANCEL_S = 5.0  # how long Ctrl-C waits, in all, for the server to take its CancelOperations
 
 
 class RemoteFailure(Exception):
@@ -184,12 +185,17 @@ class RemoteRunner:
             inflight = list(self._inflight.values())
             local = self._local
         cancel = self._cancel_method()
-        for call, name in inflight:
-            if name:
-                try:
-                    cancel(self.ops_pb.CancelOperationRequest(name=name), timeout=5)
-                except self.grpc.RpcError:
-                    pass  # the server is gone: nothing runs there for us either
+        # Every CancelOperation at once, under one deadline: one after another, a server that
+        # hangs instead of refusing held a stop of many operations past a CI's grace period.
+        sent = [cancel.future(self.ops_pb.CancelOperationRequest(name=name), timeout=CANCEL_S)
+                for _call, name in inflight if name]
+        deadline = time.monotonic() + CANCEL_S
+        for answer in sent:
+            try:
+                answer.result(timeout=max(0.0, deadline - time.monotonic()))
+            except (self.grpc.RpcError, self.grpc.FutureTimeoutError):
+                answer.cancel()  # the server is gone or stuck: nothing runs there for us either
+        for call, _name in inflight:
             call.cancel()
         if local is not None:
             local.stop()
