@@ -1,0 +1,92 @@
+"""FlashInfer's full SM12x wheels (issue 37), the CI part: `bgraph build --dry-run --json` of
+`//wheels:flashinfer-*-full` plans for x86_64 and for aarch64 (the Spark's, a cross build here),
+and each arch's module list is the one docs/flashinfer.md gives. Nothing is built: on an empty
+cache the plan stops at the fetches (the generator's output decides the rest).
+
+With FLASHINFER_TEST_BGRAPH_CACHE naming a cache where the full set's generate actions ran (any
+interrupted build of the target leaves them), the dry run also plans every module, and its
+counts are checked against the generator's own manifest (test_counts_match_the_generator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bgraph_testlib import hermetic_env, workspace_copy
+from build_graph.labels import parse_label
+from build_graph.workspace import host_platform
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+FULL = {"sm121": "aot-vllm-sm121", "sm120": "aot-vllm-sm120", "sm12x": "aot-vllm-sm12x", "sm90": "aot-vllm-sm90"}
+# FlashInfer gates these on major 12: the sm90 set cannot hold them.
+SM12X_ONLY = ("fused_moe_120", "gemm_sm120", "fp4_gemm_cutlass_sm120", "mxfp8_gemm_cutlass_sm120")
+
+
+@pytest.fixture(scope="module")
+def ws(module_tmp) -> Path:
+    return workspace_copy(module_tmp / "ws")
+
+
+def bgraph(ws: Path, cache: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), *args],
+                          capture_output=True, text=True, timeout=timeout, env=hermetic_env(), cwd=ws)
+
+
+def generator_args(ws: Path, target: str) -> dict[str, list[str]]:
+    """The --modules globs and --extra functions of //flashinfer:<target>'s generator command."""
+    from build_graph.workspace import load
+    argv = shlex.split(load(ws).targets[parse_label(f"//flashinfer:{target}")].attrs.cmd)
+    value = lambda flag: argv[argv.index(flag) + 1].split(",") if flag in argv else []
+    return {"modules": value("--modules"), "extra": value("--extra")}
+
+
+def test_module_lists_per_arch(ws):
+    lists = {arch: generator_args(ws, target) for arch, target in FULL.items()}
+    light = set(generator_args(ws, "aot-sm121")["modules"]) - {m for m in generator_args(ws, "aot-sm121")["modules"]
+                                                              if m.startswith("batch_decode")}
+    for arch, args in lists.items():
+        assert light <= set(args["modules"]), (arch, light - set(args["modules"]))  # the light set is in each
+        assert any(m.startswith("xqa_input_") for m in args["modules"]), arch
+        assert any(m.startswith("batch_prefill_with_kv_cache_") for m in args["modules"]), arch
+    # FP4 quantization: the runtime asks for fp4_quantization_120f on every SM12x part with CUDA >= 12.9.
+    assert [m for m in lists["sm121"]["modules"] if m.startswith("fp4_q")] == ["fp4_quantization_121"]
+    assert [m for m in lists["sm120"]["modules"] if m.startswith("fp4_q")] == ["fp4_quantization_120"]
+    assert [m for m in lists["sm12x"]["modules"] if m.startswith("fp4_q")] == []  # 12.0f offers 120f itself
+    for arch in ("sm121", "sm120", "sm12x"):
+        assert lists[arch]["extra"] == ["gen_fp4_quantization_sm120f_module"], arch
+        assert set(SM12X_ONLY) <= set(lists[arch]["modules"]), arch
+    assert not set(SM12X_ONLY) & set(lists["sm90"]["modules"]) and lists["sm90"]["extra"] == []
+    assert not any(m.startswith("fp4_q") for m in lists["sm90"]["modules"])
+
+
+@pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
+def test_full_wheels_plan_for_both_cpus(ws, tmp_path, platform):
+    """The four full wheels plan on an empty cache; what waits on the generator is each wheel and its
+    module set, for `platform` (tagged on a cross build), and the generator's own inputs are fetched
+    for this machine when it is a cross build (torch and tvm_ffi of the exec platform)."""
+    if platform != host_platform() and host_platform() != "x86_64":
+        pytest.skip("the cross build is planned from an x86_64 host")
+    wheels = [f"//wheels:flashinfer-{arch}-full" for arch in FULL]
+    run = bgraph(ws, tmp_path / "cache", "build", "--dry-run", "--json", "--platform", platform, *wheels)
+    assert run.returncode == 0, run.stderr[-3000:]
+    plan = json.loads(run.stdout)
+    assert plan["ok"] and plan["errors"] == [] and plan["executed"] == 0
+    tag = "" if platform == host_platform() else f" ({platform})"
+    waiting = set(plan["targets_unplanned"])
+    assert {w + tag for w in wheels} <= waiting, waiting
+    assert {f"//flashinfer:{t}{tag}" for t in FULL.values()} <= waiting, waiting
+    fetches = {f"{a['label']} {a['name']}" for a in plan["actions"] if a["mnemonic"] == "Fetch"}
+    assert {a["status"] for a in plan["actions"]} == {"would-run"}
+    assert f"//vllm:torch-env{tag} fetch py-torch" in fetches and f"//sources:flashinfer-sdist{tag} fetch flashinfer-sdist" in fetches
+    if tag:  # the generator runs here: this machine's torch and tvm_ffi beside the target's
+        assert "//vllm:torch-env fetch py-torch" in fetches and "//flashinfer:gen-env fetch py-apache-tvm-ffi" in fetches
+        assert any(f.startswith("//toolchains:cross-cc-aarch64 fetch ") for f in fetches)
