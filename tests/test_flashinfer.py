@@ -61,10 +61,10 @@ def bgraph(ws: Path, cache: Path, *args: str, timeout: float = 7200) -> subproce
 
 
 def check_wheel(wheel: Path, torch_env: Path, runtime_env: Path, stub: Path, cuobjdump: Path, arch: str,
-                scratch: Path, requirements: tuple[str, ...] = ()) -> dict:
+                scratch: Path, requirements: tuple[str, ...] = (), check: str = CHECK) -> dict:
     """Install `wheel` into a fresh venv (torch and the runtime wheels through a .pth file, after
     `requirements`, installed first from pip's configured index, which take precedence) and run
-    CHECK there; also list each module's cubins. Returns CHECK's report plus 'archs'."""
+    `check` (default CHECK) there; also list each module's cubins. Returns its report plus 'archs'."""
     env_dir = scratch / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
@@ -84,7 +84,7 @@ def check_wheel(wheel: Path, torch_env: Path, runtime_env: Path, stub: Path, cuo
     libs = [str(p) for p in (torch_env / "nvidia" / "cu13" / "lib", stub) if p.is_dir()]
     run_env = {**hermetic_env(), "FLASHINFER_DISABLE_JIT": "1", "FLASHINFER_WORKSPACE_BASE": str(jit),
                "FLASHINFER_CUDA_ARCH_LIST": arch, "LD_LIBRARY_PATH": ":".join(libs), "HOME": str(scratch)}
-    run = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, env=run_env, cwd=scratch)
+    run = subprocess.run([str(py), "-c", check], capture_output=True, text=True, env=run_env, cwd=scratch)
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     # Nothing compiled or cached: FlashInfer makes its workspace directories, its log and the lock
@@ -174,3 +174,47 @@ def test_wheel_resolves_beside_the_vllm_wheel_and_loads_with_what_pip_picks(buil
     assert report["tvm_ffi"] == tvm_ffi
     assert sorted(report["loaded"]) == built["modules"]
     assert report["missing"] == "MissingJITCacheError"
+
+
+# Runs in the fresh venv of the FP4 wheel: the module found by FlashInfer's lookup and returned by
+# FlashInfer's own FP4 entry point for an SM121 GPU (backend "121", which CUDA >= 12.9 maps to 120f).
+FP4_CHECK = r'''
+import json, pathlib
+import flashinfer, tvm_ffi
+from flashinfer.jit import env
+aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
+found = {d.name: (str(env.get_aot_artifacts(d.name)[0].path) if env.get_aot_artifacts(d.name) else None)
+         for d in sorted(aot.iterdir())}
+loaded = [d.name for d in sorted(aot.iterdir()) if tvm_ffi.load_module(str(d / f"{d.name}.so"))]
+from flashinfer.jit.fp4_quantization import gen_fp4_quantization_sm120f_module
+from flashinfer.quantization.fp4_quantization import get_fp4_quantization_module
+get_fp4_quantization_module("121")  # FlashInfer's path on SM121: the AOT file, or MissingJITCacheError
+print(json.dumps({"found": found, "loaded": loaded, "fp4": str(gen_fp4_quantization_sm120f_module().aot_path)}))
+'''
+
+
+def test_full_set_fp4_module_loads_without_jit(module_tmp, tmp_path):
+    """Issue 37's first slice: fp4_quantization_120f, a module of the full SM12x set that the light
+    wheel lacks, built alone (//flashinfer:aot-fp4q-sm121) and packed (//wheels:flashinfer-fp4q-sm121):
+    found by FlashInfer's lookup with JIT off, loaded by its own FP4 entry point for SM121, sm_120f
+    cubins only (family cubins, which run on SM121)."""
+    cache = Path(os.environ.get("FLASHINFER_TEST_BGRAPH_CACHE") or module_tmp / "cache")
+    ws = workspace_copy(module_tmp / "ws-fp4")
+    labels = ["//wheels:flashinfer-fp4q-sm121", "//flashinfer:runtime-env", "//vllm:torch-env",
+              "//vllm:cuda-driver-stub", "//toolchains:cuobjdump"]
+    run = bgraph(ws, cache, "build", "--json", "-j", "2", *labels)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = ws / "bgraph-out"
+    [wheel] = (out / "wheels" / "flashinfer-fp4q-sm121").glob("*.whl")
+    report = check_wheel(wheel, out / "vllm" / "torch-env", out / "flashinfer" / "runtime-env",
+                         out / "vllm" / "cuda-driver-stub", out / "toolchains" / "cuobjdump" / "bin" / "cuobjdump",
+                         "12.1a", tmp_path, check=FP4_CHECK)
+    name = "fp4_quantization_120f"
+    assert report["loaded"] == [name] and report["found"][name].endswith(f"flashinfer/data/aot/{name}/{name}.so")
+    assert report["fp4"] == report["found"][name]
+    # cuobjdump names a family cubin's file sm_120 (list-elf); its ELF header says the arch: sm_120f.
+    assert report["archs"] == {name: ["sm_120"]}, report["archs"]
+    [so] = (tmp_path / "venv").glob(f"lib/python*/site-packages/flashinfer/data/aot/{name}/{name}.so")
+    dumped = subprocess.run([str(out / "toolchains" / "cuobjdump" / "bin" / "cuobjdump"), "--dump-elf", str(so)],
+                            capture_output=True, text=True).stdout
+    assert {line.split("=")[1].strip() for line in dumped.splitlines() if line.startswith("arch =")} == {"sm_120f"}
