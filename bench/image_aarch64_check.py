@@ -209,7 +209,8 @@ def main() -> None:
     host = bgraph_outputs(args.ws, args.cache_dir, "//toolchains:qemu-user", "//toolchains:auditwheel")
     sys.path.insert(0, str(host["//toolchains:auditwheel"]))
     out = bgraph_outputs(args.ws, args.cache_dir, "--platform", "aarch64", args.label, "//vllm:cuda-driver-stub")
-    [layout] = [p for k, p in out.items() if k.startswith(args.label)]
+    # The tree itself, not the bgraph-out link a later build of the label would repoint.
+    [layout] = [p.resolve() for k, p in out.items() if k.startswith(args.label)]
     meta = json.loads((layout / "image.json").read_text())
     if meta.get("platform") != "aarch64":
         fail(f"{args.label} is a {meta.get('platform')} image, not aarch64")
@@ -251,8 +252,9 @@ def main() -> None:
         # The image's environment (its config's Env), then what this check needs: the stub, the CPU.
         config = json.loads((layout / "blobs" / "sha256" / meta["config"].split(":", 1)[1]).read_text())
         env = dict(e.split("=", 1) for e in config["config"].get("Env", []))
+        # No .pyc written: the root's files may be hard links into bgraph's store (--link-store).
         env.update(HOME="/tmp", LC_ALL="C.UTF-8", LD_LIBRARY_PATH=str(scratch / "driver"), QEMU_CPU="neoverse-n1",
-                   FLASHINFER_DISABLE_JIT="1")
+                   FLASHINFER_DISABLE_JIT="1", PYTHONDONTWRITEBYTECODE="1")
         rc, stdout, stderr, secs = emulated(qemu, root, cpuinfo, env, ["-c", PROBE], timeout=1800)
         report["probe_s"] = round(secs, 1)
         if rc == 0:
