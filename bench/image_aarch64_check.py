@@ -11,7 +11,8 @@ of another CPU, without loading it into a daemon, and print the figures BENCHMAR
    `qemu-aarch64-static -L ROOT -0 /usr/bin/python3.11 ROOT/usr/bin/python3.11`, no binfmt
    registration: its sys.path is the image's): `import vllm,
    flashinfer, torch`, every extension library of vLLM loaded into torch, every AOT module of
-   FlashInfer loaded through tvm_ffi, and `vllm --version`. qemu opens a path the root lacks on
+   FlashInfer loaded through tvm_ffi, and `vllm --version` (0.33.0, or, with no GPU, vLLM's own
+   "Failed to infer device type": it builds its parsers' defaults before --version). qemu opens a path the root lacks on
    the host instead: every module file and mapped library the probe used must be in the root.
 
 There is no GPU and so no driver here, and the image ships none (the NVIDIA container toolkit
@@ -54,6 +55,8 @@ CPU part\t: 0xd0c
 CPU revision\t: 1
 
 """
+# What `vllm --version` stops with where no GPU platform is found (see main).
+NO_DEVICE = "RuntimeError: Failed to infer device type"
 # Runs in the image's CPython under qemu: the imports, vLLM's extension libraries into torch,
 # FlashInfer's AOT modules through tvm_ffi (FlashInfer's own loader), and what was found.
 PROBE = r'''
@@ -276,11 +279,15 @@ def main() -> None:
         report["vllm_version"] = stdout.strip().splitlines()[-1] if rc == 0 and stdout.strip() else None
         if rc != 0:
             report["vllm_version_error"] = (stdout + stderr)[-3000:]
+            # With no GPU, vLLM's CUDA platform is not detected (no NVML: the image ships no driver),
+            # and `vllm` builds every subcommand's parser, whose defaults construct a DeviceConfig,
+            # before it reads --version: it stops there. Only that failure is told apart.
+            report["vllm_version_no_gpu"] = NO_DEVICE in stderr
         probe = report.get("probe", {})
         ok = (ok and probe.get("vllm", "").startswith("0.33.0") and probe.get("machine") == "aarch64"
               and probe.get("scaled_fp4_quant") and probe.get("flashinfer_aot_modules", 0) > 0
               and not probe.get("not_from_image")
-              and report["vllm_version"] == "0.33.0")
+              and (report["vllm_version"] == "0.33.0" or report.get("vllm_version_no_gpu")))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if not args.keep_root:

@@ -727,8 +727,8 @@ def test_the_spark_image_is_all_aarch64_and_imports_vllm_under_qemu(tmp_path):
     """//images:vllm-sm121 as built in a warm cache (named by $BGRAPH_SPARK_IMAGE_CACHE: its vLLM and
     FlashInfer wheels take about an hour of both cores cold): every ELF in its layers is AArch64, and
     on its root filesystem the image's CPython under the pinned qemu-user imports vllm, flashinfer and
-    torch, loads their extension libraries and `vllm --version` prints 0.33.0
-    (bench/image_aarch64_check.py)."""
+    torch, loads their extension libraries, and `vllm --version` prints 0.33.0 or, with no GPU, stops
+    with vLLM's "Failed to infer device type" (bench/image_aarch64_check.py)."""
     cache = os.environ.get(SPARK_CACHE_ENV)
     if not cache or not Path(cache).is_dir():
         pytest.skip(f"no warm cache: set {SPARK_CACHE_ENV} to a cache where `bgraph build //images:vllm-sm121` ran")
@@ -754,4 +754,5 @@ def test_the_spark_image_is_all_aarch64_and_imports_vllm_under_qemu(tmp_path):
     probe = report["probe"]
     assert (probe["machine"], probe["vllm"], probe["flashinfer"]) == ("aarch64", "0.33.0", "0.7.2.post1"), probe
     assert probe["scaled_fp4_quant"] and probe["flashinfer_aot_modules"] > 0, probe
-    assert report["vllm_version"] == "0.33.0", report.get("vllm_version_error")
+    # With no GPU, `vllm` stops before --version (its parsers' defaults need a device): vLLM's own error.
+    assert report["vllm_version"] == "0.33.0" or report["vllm_version_no_gpu"], report.get("vllm_version_error")
