@@ -90,3 +90,52 @@ def test_full_wheels_plan_for_both_cpus(ws, tmp_path, platform):
     if tag:  # the generator runs here: this machine's torch and tvm_ffi beside the target's
         assert "//vllm:torch-env fetch py-torch" in fetches and "//flashinfer:gen-env fetch py-apache-tvm-ffi" in fetches
         assert any(f.startswith("//toolchains:cross-cc-aarch64 fetch ") for f in fetches)
+
+
+def generator_manifest(cache: Path, plan: dict, label: str) -> dict[str, int] | None:
+    """module -> source count of the modules the generator kept for `label`, read from its cached
+    output (modules.tsv); None when the plan did not find the generate action cached."""
+    from build_graph.model import Digester
+    from build_graph.store.action_cache import LocalActionCache
+    from build_graph.store.cas import LocalCas
+    [generate] = [a for a in plan["actions"] if a["label"] == label and a["mnemonic"] == "NinjaGenerate"]
+    if generate["status"] != "hit":
+        return None
+    cas = LocalCas(cache, Digester("blake3"))
+    result = LocalActionCache(cas.base, cas.tmp, create=False).get(generate["key"])
+    manifest = cas.blob_path(cas.get_tree(result.output_tree).entries["modules.tsv"].digest).read_text()
+    rows = [line.split("\t") for line in manifest.splitlines()]
+    return {name: int(count) for name, count, kept in rows if kept == "kept"}
+
+
+def planned_tus(plan: dict, label: str) -> dict[str, int]:
+    """module -> TUs the dry run plans for `label`: one first step per TU (nvcc's dry run for a .cu,
+    the compile for a .cpp), named by its object under cached_ops/<module>/."""
+    firsts = [a["name"].split()[1] for a in plan["actions"] if a["label"] == label
+              and a["mnemonic"] in ("CudaDryrun", "NinjaCompile")]
+    tus: dict[str, int] = {}
+    for obj in firsts:
+        module = obj.split("/")[1]
+        tus[module] = tus.get(module, 0) + 1
+    return tus
+
+
+@pytest.mark.parametrize("platform", ["x86_64", "aarch64"])
+def test_counts_match_the_generator(ws, platform):
+    """With a cache where the generator of //flashinfer:aot-vllm-sm121 ran for `platform`, the dry
+    run of the full wheel plans exactly the modules it kept and, per module, as many TUs as it listed
+    sources (each TU's first step; the later steps wait on it). Without one: skipped."""
+    cache = os.environ.get("FLASHINFER_TEST_BGRAPH_CACHE")
+    if not cache:
+        pytest.skip("FLASHINFER_TEST_BGRAPH_CACHE names no cache where the full set's generator ran")
+    if platform != host_platform() and host_platform() != "x86_64":
+        pytest.skip("the cross build is planned from an x86_64 host")
+    run = bgraph(ws, Path(cache), "build", "--dry-run", "--json", "--platform", platform, "//wheels:flashinfer-sm121-full")
+    assert run.returncode == 0, run.stderr[-3000:]
+    plan = json.loads(run.stdout)
+    label = "//flashinfer:aot-vllm-sm121" + ("" if platform == host_platform() else f" ({platform})")
+    kept = generator_manifest(Path(cache), plan, label)
+    if kept is None:
+        pytest.skip(f"the generator of {label} has not run in {cache}")
+    assert planned_tus(plan, label) == kept
+    assert len(kept) == 160 and sum(kept.values()) == 670  # vLLM 0.33.0's SM12x set (docs/flashinfer.md)
