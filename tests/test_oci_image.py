@@ -717,14 +717,14 @@ def test_the_vllm_runtime_image_imports_torch_with_no_network_and_an_edit_reload
 
 
 # -- the Spark's image (aarch64), checked on this x86_64 machine (slow: 8.5 GB of layers, an hour cold) --
-SPARK_CACHE_ENV = "BGRAPH_SPARK_IMAGE_CACHE"
+SPARK_CACHE_ENV = "SPARK_IMAGE_TEST_BGRAPH_CACHE"  # not BGRAPH_*: conftest drops those
 SPARK_DISK_GB = 3  # the root: the files bgraph's store holds are hard-linked, not written (--link-store)
 
 
 @pytest.mark.slow
 @requires_bwrap
 def test_the_spark_image_is_all_aarch64_and_imports_vllm_under_qemu(tmp_path):
-    """//images:vllm-sm121 as built in a warm cache (named by $BGRAPH_SPARK_IMAGE_CACHE: its vLLM and
+    """//images:vllm-sm121 as built in a warm cache (named by $SPARK_IMAGE_TEST_BGRAPH_CACHE: its vLLM and
     FlashInfer wheels take about an hour of both cores cold): every ELF in its layers is AArch64, and
     on its root filesystem the image's CPython under the pinned qemu-user imports vllm, flashinfer and
     torch, loads their extension libraries, and `vllm --version` prints 0.33.0 or, with no GPU, stops
