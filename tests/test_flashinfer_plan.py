@@ -45,8 +45,8 @@ def generator_args(ws: Path, target: str) -> dict[str, list[str]]:
     """The --modules globs, --extra and --skip functions of //flashinfer:<target>'s generator command."""
     from build_graph.workspace import load
     argv = shlex.split(load(ws).targets[parse_label(f"//flashinfer:{target}")].attrs.cmd)
-    value = lambda flag: argv[argv.index(flag) + 1].split(",") if flag in argv else []
-    return {"modules": value("--modules"), "extra": value("--extra"), "skip": value("--skip")}
+    return {name: argv[argv.index(f"--{name}") + 1].split(",") if f"--{name}" in argv else []
+            for name in ("modules", "extra", "skip")}
 
 
 def test_module_lists_per_arch(ws):
