@@ -239,10 +239,10 @@ def main() -> None:
 
     qemu = host["//toolchains:qemu-user"] / "usr/bin/qemu-aarch64-static"
     stub = out["//vllm:cuda-driver-stub (aarch64)"] / "libcuda.so"
-    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="helper-E-root-", dir="/var/tmp"))
+    root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="image-check-root-", dir="/var/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     root = root.resolve()  # qemu's /proc/self/maps names the files it opened by their real paths
-    scratch = Path(tempfile.mkdtemp(prefix="helper-E-aux-", dir="/var/tmp"))
+    scratch = Path(tempfile.mkdtemp(prefix="image-check-aux-", dir="/var/tmp"))
     try:
         store = Path(args.link_store) / "v1" / "blake3" / "cas" if args.link_store else None
         report.update(unpack(blobs, root, store))
