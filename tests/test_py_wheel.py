@@ -15,7 +15,7 @@ import pytest
 
 from build_graph.errors import PlanError
 from build_graph.model import FileEntry, Tree
-from build_graph.rules.py_wheel import WHEEL_SCRIPT, _check_abi, _metadata, audited_tag
+from build_graph.rules.py_wheel import WHEEL_SCRIPT, _check_abi, _entry_points, _metadata, audited_tag
 
 
 def test_record_quotes_names_with_commas_and_quotes(tmp_path):
@@ -67,6 +67,46 @@ def test_pkg_info_version_must_match():
     ctx, tree = _ctx(PKG_INFO)
     with pytest.raises(PlanError, match="says version 1.2.3, the target says 2.0"):
         _metadata(ctx, tree, "PKG-INFO", "2.0")
+
+
+ENTRY_POINTS = """[console_scripts]
+demo = demo.cli:main
+
+[demo.plugins]
+extra = demo.extra:register
+"""
+
+
+def test_entry_points_make_pip_write_the_console_script(tmp_path):
+    """What entry_points_from ships (dist-info/entry_points.txt) is what pip reads: installed, the
+    wheel gives its command (bgraph's vLLM wheel had none: no `vllm`)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "demo").mkdir(parents=True)
+    (pkg / "demo" / "__init__.py").write_text("")
+    (pkg / "demo" / "cli.py").write_text("def main():\n    print('demo ran')\n")
+    (pkg / "demo-1.0.dist-info").mkdir()
+    (pkg / "demo-1.0.dist-info" / "entry_points.txt").write_text(ENTRY_POINTS)
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    subprocess.run([sys.executable, "-I", "-S", "-c", WHEEL_SCRIPT, str(pkg), str(wheel), "demo", "1.0",
+                    "py3-none-any", ""], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                    str(tmp_path / "site"), str(wheel)], check=True)
+    script = tmp_path / "site" / "bin" / "demo"
+    assert script.exists()
+    out = subprocess.run([sys.executable, str(script)], env={"PYTHONPATH": str(tmp_path / "site")},
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "demo ran\n"
+
+
+def test_entry_points_from_is_read_or_refused_with_its_key():
+    ctx, _ = _ctx(ENTRY_POINTS)
+    tree = Tree({"demo.egg-info/entry_points.txt": FileEntry("e" * 64, len(ENTRY_POINTS))})
+    assert _entry_points(ctx, tree, "demo.egg-info/entry_points.txt") == tree.entries["demo.egg-info/entry_points.txt"]
+    with pytest.raises(PlanError, match="demo.egg-info/missing.txt is not in //s:sdist"):
+        _entry_points(ctx, tree, "demo.egg-info/missing.txt")
+    bad, _ = _ctx("demo = demo.cli:main\n")  # no section header
+    with pytest.raises(PlanError, match="not an entry_points.txt pip can read"):
+        _entry_points(bad, tree, "demo.egg-info/entry_points.txt")
 
 
 def _report(**kw):

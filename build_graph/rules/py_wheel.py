@@ -82,6 +82,10 @@ class PyWheelAttrs(Attrs):
     exclude: list[str] = Field(default_factory=list, description="with tree: globs of paths to leave out")
     metadata_from: str | None = Field(None, description="with tree: a PKG-INFO whose Requires-Dist and "
                                                         "Requires-Python lines join METADATA; its Version must match")
+    entry_points_from: str | None = Field(None, description="with tree: an entry_points.txt (a setuptools sdist's "
+                                                             "<name>.egg-info/entry_points.txt) shipped as the wheel's "
+                                                             "dist-info/entry_points.txt: pip writes its console "
+                                                             "scripts, and plugin groups are found")
     files: dict[str, list[str]] = Field(default_factory=dict,
                                         description="path inside the wheel -> [label, path in that label's output]")
     dirs: dict[str, str] = Field(default_factory=dict,
@@ -217,6 +221,23 @@ def _metadata(ctx: RuleContext, tree: Tree, path: str, version: str) -> list[str
     return [f"{k}: {_FOLD.sub('', v)}" for k, v in headers.items() if k in ("Requires-Dist", "Requires-Python")]
 
 
+def _entry_points(ctx: RuleContext, tree: Tree, path: str):
+    """The tree's entry_points.txt, checked to be what pip reads (INI sections of name = object
+    reference): a file it cannot parse would make the installed wheel's scripts silently missing."""
+    import configparser
+
+    entry = tree.entries.get(path)
+    if entry is None:
+        raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "entry_points_from")
+    parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+    try:
+        parser.read_string(ctx.read(entry).decode())
+    except (configparser.Error, UnicodeDecodeError) as e:
+        raise ctx.fail(f"{path} is not an entry_points.txt pip can read: {str(e).splitlines()[0]}",
+                       "entry_points_from") from None
+    return entry
+
+
 def plan_py_wheel(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
     prefix = a.strip_prefix.strip("/")
@@ -238,6 +259,9 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         content = content.merged(picked)
         if a.metadata_from:
             requires += _metadata(ctx, tree, a.metadata_from, a.version)
+        if a.entry_points_from:
+            content = content.merged(Tree({f"{a.distribution}-{a.version}.dist-info/entry_points.txt":
+                                           _entry_points(ctx, tree, a.entry_points_from)}))
     for dest, ref in a.files.items():
         if len(ref) != 2:
             raise ctx.fail(f"files[{dest!r}] must be [label, path]", "files")
