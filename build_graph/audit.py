@@ -55,7 +55,8 @@ from build_graph.workspace import Target, Workspace
 STAGES = {
     "CudaDevicePreprocess": "device_preprocessed", "CudaCicc": "ptx", "CudaPtxas": "cubins",
     "CudaHostPreprocess": "host_preprocessed", "CudaFrontend": "host_frontend", "CudaHostCompile": "host_objects",
-    "CudaFatbinary": "fatbinaries", "CudaFatbinObject": "fatbinaries",  # in older traces "CudaObjectLink": "objects",
+    "CudaFatbinary": "fatbinaries", "CudaFatbinObject": "fatbinaries",  # FatbinObject: older traces
+    "CudaObjectLink": "objects",
     "CmakeCompile": "objects", "CmakeConfigure": "configure",
 }
 PER_ARCH = {"CudaDevicePreprocess", "CudaCicc", "CudaPtxas"}
