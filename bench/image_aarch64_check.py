@@ -44,17 +44,8 @@ import blake3
 
 REPO = Path(__file__).resolve().parents[1]
 ELF_MAGIC = b"\x7fELF"
-# Two Neoverse-N1 cores: the CPU qemu is told to be (7.2 has no Neoverse-V2, the Grace core).
-NEOVERSE_N1 = """processor\t: {n}
-BogoMIPS\t: 50.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x3
-CPU part\t: 0xd0c
-CPU revision\t: 1
-
-"""
+# The cpuinfo qemu is told to show (two Neoverse-N1 cores): the wheel check's, one copy.
+from vllm_wheel_check import NEOVERSE_N1  # noqa: E402 (bench/ is the script's directory)
 # What `vllm --version` stops with where no GPU platform is found (see main).
 NO_DEVICE = "RuntimeError: Failed to infer device type"
 # Runs in the image's CPython under qemu: the imports, vLLM's extension libraries into torch,
