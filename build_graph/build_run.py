@@ -296,6 +296,7 @@ class BuildRun:
     def _run(self, label: Configured, action: Action, reason: str, submitted: float):
         """On an action thread: execute and file `action` (filed off its slot, as a Later, when
         it ran in the sandbox), timed under --profile."""
+        self.e.acting.label = str(label)  # each action has a thread of its own (scheduler.py)
         if self.profile is None:
             return self.e._run_and_record(action)
         start, stamps = time.monotonic(), {}

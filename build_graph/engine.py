@@ -134,6 +134,9 @@ class Engine:
         self.options = options or BuildOptions()
         self.reporter = reporter or NullReporter()
         self.warn = warn or (lambda message: None)
+        # The target whose action this thread runs (set by BuildRun._run): a warning from inside
+        # the runner (a remote action run locally instead) names it, not only the action.
+        self.acting = threading.local()
         self.digester = Digester(ws.digest_function)
         self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
@@ -176,8 +179,12 @@ class Engine:
                         self.cas, remote.executor, lambda: BwrapRunner(self.cas, self.options.jobs),
                         jobs=self.options.remote_jobs, local_jobs=self.options.jobs,
                         local_fallback=remote.local_fallback, queue_timeout_s=remote.queue_timeout_s,
-                        skip_cache_lookup=self.options.check, warn=self.warn)
+                        skip_cache_lookup=self.options.check, warn=self._warn_naming_target)
             return self._sandbox
+
+    def _warn_naming_target(self, message: str) -> None:
+        label = getattr(self.acting, "label", None)
+        self.warn(f"{label}: {message}" if label else message)
 
     def runs_remotely(self, action: Action) -> bool:
         """Whether `action` is sent to the remote executor (its memory is not this machine's)."""

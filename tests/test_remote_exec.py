@@ -326,6 +326,7 @@ def test_server_down_falls_back_locally_with_one_warning(root, module_tmp):
     assert run.rc == 0, run.stderr[-2000:]
     warnings = [line for line in run.stderr.splitlines() if "remote execution of" in line]
     assert len(warnings) == 1 and "running it locally" in warnings[0], run.stderr[-2000:]
+    assert "//remote:local-too" in warnings[0], warnings  # the target, not only the action's name
     assert (root / "bgraph-out" / "remote" / "local-too" / "c.txt").read_text() == "fallback\n"
     assert run.json["remote_execution"]["fell_back"] == 1
     # Without the fallback: one error line naming the remote and the flag, no traceback.
@@ -669,6 +670,7 @@ def test_poison_action_is_aborted_never_cached_reported_once_and_not_run_locally
     assert rc == 0 and kills == 5, (kills, err[-3000:])
     warnings = [line for line in err.splitlines() if "remote execution of" in line]
     assert len(warnings) == 1 and "ABORTED" in warnings[0] and "running it locally" in warnings[0], err[-3000:]
+    assert "//remote:poison" in warnings[0], warnings
     assert summary["remote_execution"]["fell_back"] == 1
     assert [a["status"] for a in summary["actions"] if a["label"] == "//remote:poison"] == ["executed"]
     assert (root / "bgraph-out" / "remote" / "poison" / "p").read_text() == "ran\n"
