@@ -37,9 +37,10 @@ from build_graph.model import Action, FileEntry, Tree
 from build_graph.rebuilder import Hit, Miss
 from build_graph.rules.base import OUT, TOOLCHAIN
 
-# nvcc's steps after preprocessing (nvcc_compile.STEP_MNEMONIC, less the two preprocessing steps).
+# nvcc's steps after preprocessing (nvcc_compile.STEP_MNEMONIC, less the two preprocessing steps;
+# CudaFatbinObject: traces from before fatbinary's action made the fatbin object too).
 AFTER_PREPROCESSING = frozenset({"CudaDryrun", "CudaFrontend", "CudaCicc", "CudaPtxas", "CudaFatbinary",
-                                 "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})  # FatbinObject: traces before fatbinary took it in
+                                 "CudaFatbinObject", "CudaHostCompile", "CudaObjectLink"})
 PREPROCESSING = frozenset({"CudaDevicePreprocess", "CudaHostPreprocess"})
 HEADERS = "include/"
 

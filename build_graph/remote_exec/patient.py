@@ -18,7 +18,7 @@ MAX_WAIT_S = 120.0  # past this much backing off, the server is not busy but stu
 def is_busy(error: Exception) -> bool:
     """Whether a remote error is the server's RPC limit (gRPC status 8)."""
     text = str(error)
-    return text.startswith("RESOURCE_EXHAUSTED") or "status 8 " in text or "RESOURCE_EXHAUSTED" in text
+    return "RESOURCE_EXHAUSTED" in text or "status 8 " in text
 
 
 class PatientRemote:

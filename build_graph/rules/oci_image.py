@@ -351,7 +351,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
                                "layers")
             if p.wheel:
                 scripts = _console_scripts(ctx, tree, a.python)
-                # A wheel built without entry_points.txt (bgraph's vLLM wheel) gets its scripts declared.
+                # Scripts a wheel's entry points lack (a wheel built without entry_points.txt) are declared.
                 scripts.update({n: _launcher(ref, a.python) for n, ref in p.scripts.items() if n not in scripts})
                 for script, text in sorted(scripts.items()):
                     layer.files[f"usr/local/bin/{script}"] = {"text": text, "mode": 0o755}

@@ -565,9 +565,7 @@ class LocalCas:
             if digest in self._intact:
                 return []
             if dest.is_dir():
-                with self._tree_locks_lock:
-                    lock = self._tree_locks.setdefault(digest, threading.Lock())
-                with lock:
+                with self._tree_lock(digest):
                     if digest in self._intact or self._is_intact(tree, dest):
                         self._intact.add(digest)
                         return []
@@ -662,10 +660,13 @@ class LocalCas:
         dest = self.trees / digest
         if digest in self._intact:
             return dest
-        with self._tree_locks_lock:
-            lock = self._tree_locks.setdefault(digest, threading.Lock())
-        with lock:
+        with self._tree_lock(digest):
             return self._materialize(tree, digest, dest)
+
+    def _tree_lock(self, digest: str) -> threading.Lock:
+        """The lock of one tree digest: two lanes finding one damaged tree must not both remake it."""
+        with self._tree_locks_lock:
+            return self._tree_locks.setdefault(digest, threading.Lock())
 
     def _materialize(self, tree: Tree, digest: str, dest: Path) -> Path:
         if dest.exists():
@@ -737,11 +738,10 @@ class LocalCas:
                         return False
                     # A link shares its blob's inode, so its stat is the blob's: the stamp the blob
                     # was hashed good under (inode, size, mtime, ctime, mode) proves both at once.
-                    name = entry.digest[2:] + (".x" if entry.executable else "")
-                    if stamps.get(name) == stat_stamp(st) and st.st_size == entry.size:
+                    copy = ".x" if entry.executable else ""  # materialize links executables to the .x copy
+                    if stamps.get(entry.digest[2:] + copy) == stat_stamp(st) and st.st_size == entry.size:
                         continue
-                    blob = self._blob_str(entry.digest) + (".x" if entry.executable else "")
-                    if not self.verify(entry) or st.st_ino != os.stat(blob).st_ino:
+                    if not self.verify(entry) or st.st_ino != os.stat(self._blob_str(entry.digest) + copy).st_ino:
                         return False
                 elif isinstance(entry, SymlinkEntry):
                     if not stat.S_ISLNK(st.st_mode) or os.readlink(f"{base}/{path}") != entry.target:
