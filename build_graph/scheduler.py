@@ -9,12 +9,21 @@ Each job runs on a thread of its own, started when it gets its slot (bwrap's --d
 kills a sandbox when the thread that started it exits: the job's thread outlives its process).
 Long-lived workers instead were tried (issue 34, item 3) and were not faster: 1.05-1.12x the
 wall time of a thread per job in three runs of 150-200 cold genrules on a loaded 2-core machine
-(BENCHMARKS.md). The filers, which start no process, live until join()."""
+(BENCHMARKS.md). The filers, which start no process, live until join().
+
+Pending jobs are started highest priority first (build_graph/priority.py: an action's expected
+time to the end of the build), first come first served among equals, and a job that does not fit
+the memory budget is passed over for the next one that does. A build plans a wave of ready
+targets under hold(), so that the wave's most urgent action takes the first free slot rather
+than the first one planned."""
 
 from __future__ import annotations
 
+import heapq
 import threading
+import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -29,6 +38,11 @@ class Later:
         self.fn = fn
 
 
+# How long hold() may keep free slots idle while a wave is planned: a wave of thousands of targets
+# must not keep the cores waiting (a genrule's plan is ~0.3 ms; 50 ms is ~150 of them).
+HOLD_S = 0.05
+
+
 class Scheduler:
     """At most `jobs` jobs at once, and the sum of their declared memory kept under `max_mem_mb`
     (a job larger than the whole budget still runs, alone)."""
@@ -37,7 +51,11 @@ class Scheduler:
         self.jobs = max(1, jobs)
         self.stop_on_failure = stop_on_failure  # a failed job starts nothing more (no --keep-going)
         self.max_mem_mb = max_mem_mb
-        self._pending: deque[tuple[Callable[[], Any], int, Future]] = deque()
+        # A heap of (-priority, submission number, fn, memory, future): highest priority first,
+        # then first submitted (the number is unique, so fn and future are never compared).
+        self._pending: list[tuple[float, int, Callable[[], Any], int, Future]] = []
+        self._seq = 0
+        self._held_until = 0.0  # hold(): no launch before this (monotonic), unless released
         self._running = 0
         self._mem = 0
         self._lock = threading.Lock()
@@ -53,44 +71,72 @@ class Scheduler:
         self._file_wake = threading.Condition(self._lock)
         self._closed = False
 
-    def submit(self, fn: Callable[[], Any], memory_mb: int) -> Future:
+    def submit(self, fn: Callable[[], Any], memory_mb: int, priority: float = 0.0) -> Future:
+        """Queue `fn` (declaring `memory_mb`); it starts when a slot and the memory are free and
+        no pending job of higher `priority` (or an equal one submitted earlier) fits first."""
         fut: Future = Future()
         with self._lock:
-            self._pending.append((fn, memory_mb, fut))
+            heapq.heappush(self._pending, (-priority, self._seq, fn, memory_mb, fut))
+            self._seq += 1
             self._launch()
         return fut
+
+    @contextmanager
+    def hold(self):
+        """Start nothing new while the caller submits a wave of jobs, then start the best of them:
+        the wave's order is its priorities', not its submissions'. After HOLD_S seconds the next
+        submission or finished job starts what fits (a long wave keeps no slot idle for long)."""
+        with self._lock:
+            self._held_until = time.monotonic() + HOLD_S
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held_until = 0.0
+                self._launch()
 
     def _fits(self, mem: int) -> bool:
         return self._running < self.jobs and (self._running == 0 or self._mem + mem <= self.max_mem_mb)
 
     def _launch(self) -> None:
-        """Start every pending job that fits (called with the lock held). First job that fits: a
-        big job waits while small ones keep the cores busy."""
-        while self._pending and not self.cancelled:
-            for i, (fn, mem, fut) in enumerate(self._pending):
-                if self._fits(mem):
-                    del self._pending[i]
-                    break
-            else:
-                return
-            started = False
-            try:
-                self._running += 1
-                self._mem += mem
-                self.peak_running = max(self.peak_running, self._running)
-                self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
-                t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
-                self._threads.append(t)
-                t.start()
-                started = True
-            finally:
-                if not started:
-                    # Ctrl-C or SIGTERM (raised in the main thread between any two bytecodes)
-                    # landed here: give the slot back, else the filers, which end once nothing
-                    # runs, never end and join() hangs.
-                    self._running -= 1
-                    self._mem -= mem
-                    fut.cancel()
+        """Start every pending job that fits (called with the lock held), best first. A job that
+        does not fit is passed over for the next that does: a big job waits while small ones keep
+        the cores busy. Starting one only takes slots and memory, so a job passed over stays
+        unfit for the rest of this call."""
+        if self._held_until and time.monotonic() < self._held_until:
+            return
+        passed: list[tuple[float, int, Callable[[], Any], int, Future]] = []
+        try:
+            while self._pending and not self.cancelled and self._running < self.jobs:
+                item = heapq.heappop(self._pending)
+                if not self._fits(item[3]):
+                    passed.append(item)
+                    continue
+                self._start(item[2], item[3], item[4])
+        finally:
+            for item in passed:
+                heapq.heappush(self._pending, item)
+
+    def _start(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
+        """Take a slot and `mem` for `fn` and start its thread (called with the lock held)."""
+        started = False
+        try:
+            self._running += 1
+            self._mem += mem
+            self.peak_running = max(self.peak_running, self._running)
+            self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
+            t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
+            self._threads.append(t)
+            t.start()
+            started = True
+        finally:
+            if not started:
+                # Ctrl-C or SIGTERM (raised in the main thread between any two bytecodes)
+                # landed here: give the slot back, else the filers, which end once nothing
+                # runs, never end and join() hangs.
+                self._running -= 1
+                self._mem -= mem
+                fut.cancel()
 
     def _work(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
         later = None
@@ -152,8 +198,8 @@ class Scheduler:
         """Drop queued jobs (first failure, or Ctrl-C); running ones finish or are killed by the runner."""
         with self._lock:
             self.cancelled = True
-            pending, self._pending = list(self._pending), deque()
-        for _fn, _mem, fut in pending:
+            pending, self._pending = self._pending, []
+        for *_job, fut in pending:
             # cancel() alone does not wake concurrent.futures.wait(); this does.
             if fut.cancel():
                 fut.set_running_or_notify_cancel()
