@@ -5,6 +5,7 @@ the state of one build (engine.Engine keeps none between builds)."""
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -18,6 +19,7 @@ from build_graph.errors import ActionFailed, BgraphError, PlanError, disk_full
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Outcome, Tree
 from build_graph.planner import SourceFiles, TargetPlan, plan_target
+from build_graph.priority import Priorities, Timing
 from build_graph.profile import Profile
 from build_graph.rebuilder import Hit, Miss
 from build_graph.scheduler import Later, Scheduler
@@ -37,14 +39,22 @@ class _TargetState:
     records: list[dict[str, Any]] = field(default_factory=list)
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
     running: int = 0  # actions submitted and not yet finished
+    # What this build saw of its actions, for the next build's priorities (priority.Timing):
+    # seconds each (a hit's from its cached result), and which action's end released each.
+    seconds: dict[str, float] = field(default_factory=dict)
+    after: dict[str, str | None] = field(default_factory=dict)
 
-    _previous: dict[str, Any] | None = None
+    _trace: dict[str, Any] | None = None
+
+    def trace(self) -> dict[str, Any]:
+        """The whole trace the last build left (read once, on a first miss)."""
+        if self._trace is None:
+            self._trace = self.load_trace()
+        return self._trace
 
     def previous(self, name: str) -> dict[str, Any] | None:
         """What the last build recorded for action `name` (to explain a miss)."""
-        if self._previous is None:
-            self._previous = self.load_trace().get("actions", {})
-        return self._previous.get(name)
+        return self.trace().get("actions", {}).get(name)
 
 
 class BuildRun:
@@ -104,10 +114,28 @@ class BuildRun:
         self.scheduler = Scheduler(engine.options.jobs + engine.options.remote_jobs, engine.options.max_mem_mb,
                                    stop_on_failure=not engine.options.keep_going)
         self.stopping = False
+        # Longest expected path first (priority.py); BGRAPH_SCHEDULE=fifo starts actions in the
+        # order they are planned, as before issue 36 (for benchmarks: it changes only the order).
+        self.priorities = None if os.environ.get("BGRAPH_SCHEDULE") == "fifo" else Priorities(
+            lambda t: self.dependents.get(t, ()), self._timing)
         self.profile = Profile(engine.options.jobs) if engine.options.profile else None
         # --check-sample N: re-execute N of the actions the last build recorded for these targets.
         n = engine.options.check_sample
         self.sample = engine._sample_keys(self.order, n) if n else None
+
+    def _timing(self, label: Configured) -> Timing:
+        """What the last build recorded of `label`'s actions (its trace, read once per build)."""
+        state = self.targets.get(label)
+        return Timing.from_trace(state.trace() if state is not None else self.e.trace.load(str(label)))
+
+    def _priority(self, label: Configured, name: str) -> float:
+        """Action `name` of `label`'s place in the queue: its expected time to the build's end."""
+        if self.priorities is None:
+            return 0.0
+        try:
+            return self.priorities.of(label, name)
+        except Exception:  # an unreadable record (a state file another bgraph damaged) only costs the order
+            return 0.0
 
     @staticmethod
     def _reusable(e: Engine):
@@ -191,6 +219,13 @@ class BuildRun:
 
     def _start_ready(self) -> None:
         """Plan every target whose dependencies are built."""
+        if self.ready and self.priorities is not None:
+            with self.scheduler.hold():  # the wave's most urgent action takes the first free slot
+                self._plan_ready()
+        else:
+            self._plan_ready()
+
+    def _plan_ready(self) -> None:
         e = self.e
         while self.ready and not self.stopping:
             label = self.ready.popleft()
@@ -209,7 +244,7 @@ class BuildRun:
                 self.targets[label] = _TargetState(plan, tuple(p for ps in expanded.values() for p in ps),
                                                    lambda name=str(label): e.trace.load(name),
                                                    lambda name=str(label): e.trace.digest(name))
-                self._dispatch(label, plan.start())
+                self._dispatch(label, [(slot, action, None) for slot, action in plan.start()])
             except Exception as err:  # a rule's bug or an unreadable source: one line, never a traceback
                 self._fail(label, self._as_error(label, err))
             if self.profile is not None:
@@ -235,13 +270,15 @@ class BuildRun:
         return True
 
     def _dispatch(self, label: Configured, ready: list) -> None:
-        """Check each ready action: a hit completes its slot at once (possibly readying more),
-        a miss goes to the scheduler. The target is done when its plan returns."""
+        """Check each ready (slot, action, the name of the action whose end released it): a hit
+        completes its slot at once (possibly readying more), a miss goes to the scheduler. The
+        target is done when its plan returns."""
         e, state = self.e, self.targets[label]
         # Only _finished changes these, so a hit in this call is cut off or not for all of them.
         upstream_dirty = state.executed_any or any(d in self.dirty for d in self.deps[label])
         while ready:
-            slot, action = ready.pop(0)
+            slot, action, after = ready.pop(0)
+            state.after[action.name] = after
             decision = e.rebuilder.check(action, lambda name=action.name: state.previous(name))
             key, description = action.traced(e.digester)
             state.trace_actions[action.name] = {"key": key, "description": description}
@@ -252,7 +289,8 @@ class BuildRun:
                 status = "cutoff" if upstream_dirty else "hit"
                 why = decision.why or ("inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs")
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
-                ready += state.plan.complete(slot, Outcome(action, decision.tree, status))
+                state.seconds[action.name] = decision.result.duration_s
+                ready += [(s, a, action.name) for s, a in state.plan.complete(slot, Outcome(action, decision.tree, status))]
                 continue
             if isinstance(decision, Miss):
                 reason, cached = decision.reason, None
@@ -269,7 +307,8 @@ class BuildRun:
                 continue
             e.reporter.action_started(label, action)
             budget = 0 if e.runs_remotely(action) else e.peaks.budget(f"{label} {action.name}", action.memory_mb)
-            fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget)
+            fut = self.scheduler.submit(lambda a=action, r=reason, t=time.monotonic(): self._run(label, a, r, t), budget,
+                                        self._priority(label, action.name))
             self.inflight[fut] = (label, slot, action, reason, cached)
             if same is not None:
                 self.running_keys[same], self.followers[fut] = fut, (same, [])
@@ -286,7 +325,8 @@ class BuildRun:
                                           definition=definition_of(e.ws.targets[label.label]))
             self._built(label)
             # Which workspace's build this is: the cache (and its traces) may be shared (provenance.py).
-            trace = {"actions": state.trace_actions, "last_build": state.records, "workspace": str(e.ws.root)}
+            trace = {"actions": state.trace_actions, "last_build": state.records, "workspace": str(e.ws.root),
+                     "timing": Timing(state.seconds, state.after).to_json()}
             encoded = trace_bytes(trace)
             if encoded[0] != state.recorded_digest():  # a no-op build rewrites no trace
                 e.trace.save(str(label), trace, encoded)
@@ -336,12 +376,14 @@ class BuildRun:
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
                                          result.duration_s, differs, result.peak_mb, result.cpu_s))
         self.e.peaks.record(f"{label} {action.name}", result.peak_mb)
+        state.seconds[action.name] = result.duration_s
         self.dirty.add(label)
         state.executed_any = True
         if self.stopping:
             return
         try:
-            self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "executed", reason)))
+            self._dispatch(label, [(s, a, action.name) for s, a in
+                                   state.plan.complete(slot, Outcome(action, tree, "executed", reason))])
         except Exception as err:
             self._fail(label, self._as_error(label, err))
 
@@ -363,11 +405,13 @@ class BuildRun:
                 self._fail(label, ActionFailed(f"the same action failed for {leader} {leader_action.name}",
                                                where=f"{label} {action.name}"))
                 continue
-            tree = fut.result()[0]
+            tree, result, _key = fut.result()
+            state.seconds[action.name] = result.duration_s
             self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "hit",
                                              f"ran once in this build, for {leader} {leader_action.name}"))
             try:
-                self._dispatch(label, state.plan.complete(slot, Outcome(action, tree, "hit")))
+                self._dispatch(label, [(s, a, action.name) for s, a in
+                                       state.plan.complete(slot, Outcome(action, tree, "hit"))])
             except Exception as err:
                 self._fail(label, self._as_error(label, err))
 
