@@ -6,6 +6,7 @@ each one reads and writes, plus a check of the simulation against real 1- and 2-
         --log /var/tmp/vllm-cache/logs/build-20261127-072024.log --json vllm.json
     python3 bench/remote_scaling.py flashinfer --json flashinfer.json     # an ESTIMATE (see below)
     python3 bench/remote_scaling.py check --json check.json               # real runs, ~5 minutes
+    python3 bench/remote_scaling.py order --json order.json               # FIFO vs priority, real runs
 
 **What is recorded, and where** (nothing of the cache is written: its state file is opened
 read-only and directory nodes are read as files): each target's trace (`traces` rows of
@@ -25,8 +26,10 @@ the target's planning actions (CMake configure, Ninja generator, nvcc dry run) t
 client's own `local_jobs` lanes run fetches and unpacks (they stay local, as `--remote-executor`
 does). An action is ready when every producer's outputs are back on the client (bgraph fetches all
 outputs of a remote action before its dependents start: a blake3 workspace keys them by blake3).
-Ready actions are taken in FIFO order (bgraph's scheduler) or longest-remaining-path first
-(`--priority critical`). A remote action on worker w: the client first uploads the inputs the
+Ready actions are taken in FIFO order (bgraph's scheduler before issue 36's priorities, and with
+BGRAPH_SCHEDULE=fifo), longest-remaining-path first (`--priority critical`: the ideal, from the
+true graph and durations), or by bgraph's own priority (`--priority bgraph`: build_graph/priority.py
+fed only what a previous build of the same graph would have recorded, see `bgraph_ranks`). A remote action on worker w: the client first uploads the inputs the
 server lacks (client link), then w downloads the input blobs its own CAS lacks (server link, at
 most the worker's bandwidth), is held for the action's duration plus its own overhead
 (`overhead_s`: fetch, staging, collection, upload: 47-65 ms measured for a trivial action),
@@ -80,7 +83,7 @@ class Params:
     worker_bw: float = 1.25 * GB  # 10 Gb/s per worker
     server_bw: float = 3.125 * GB  # 25 Gb/s at the CAS server, shared by every worker
     client_bw: float = 1.25 * GB  # the client's own link, shared by its uploads and fetches
-    priority: str = "fifo"  # fifo (bgraph's scheduler) | critical (longest remaining path first)
+    priority: str = "fifo"  # fifo | critical (longest remaining path first) | bgraph (priority.py's)
     warm: bool = False  # workers and server start with every blob no remote action makes
 
 
@@ -134,6 +137,33 @@ def critical_path(g: nx.DiGraph, overhead_s: float = 0.0) -> tuple[float, list[s
     return length, path[::-1]
 
 
+def bgraph_ranks(g: nx.DiGraph, recorded: str = "wall_s") -> dict[str, float]:
+    """The priority bgraph's scheduler gives each action (build_graph/priority.py), from what a
+    previous build of this graph left in its traces, not from the graph itself: per target (node
+    attribute `label`; none: one target), each action's recorded seconds (the node's `recorded`
+    attribute, else `seconds`: bgraph records an action's wall, not its CPU) and the action whose
+    end released it (its predecessor in the same target that ended last, by `order`); between
+    targets, only which target waits on which (an edge between two targets' actions)."""
+    sys.path.insert(0, str(REPO))
+    from build_graph.priority import Priorities, Timing
+    nodes = g.nodes
+    seconds: dict[str, dict[str, float]] = {}
+    after: dict[str, dict[str, str | None]] = {}
+    dependents: dict[str, set[str]] = {}
+    for n in g:
+        target = nodes[n].get("label", "")
+        same = [q for q in g.predecessors(n) if nodes[q].get("label", "") == target]
+        last = max(same, key=lambda q: nodes[q].get("order", 0)) if same else None
+        seconds.setdefault(target, {})[n] = float(nodes[n].get(recorded, nodes[n]["seconds"]))
+        after.setdefault(target, {})[n] = last
+        for q in g.predecessors(n):
+            if nodes[q].get("label", "") != target:
+                dependents.setdefault(nodes[q].get("label", ""), set()).add(target)
+    timing = {t: Timing(seconds[t], after[t]) for t in seconds}
+    prio = Priorities(lambda t: sorted(dependents.get(t, ())), lambda t: timing.get(t, Timing()))
+    return {n: prio.of(nodes[n].get("label", ""), n) for n in g}
+
+
 def _blobs(units: dict[str, dict[str, int]], ids) -> dict[str, int]:
     out: dict[str, int] = {}
     for u in ids:
@@ -170,6 +200,8 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
     if p.priority == "critical":  # longest path from the node to the end, the node included
         for n in reversed(list(nx.topological_sort(g))):
             rank[n] = nodes[n]["seconds"] + max((rank[s] for s in g.successors(n)), default=0.0)
+    elif p.priority == "bgraph":
+        rank = bgraph_ranks(g)
     elif p.priority != "fifo":
         raise ValueError(f"unknown priority {p.priority!r}")
 
@@ -197,7 +229,7 @@ def simulate(g: nx.DiGraph, units: dict[str, dict[str, int]], p: Params) -> dict
 
     def key(n: str, t: float) -> tuple:
         order = nodes[n].get("order", 0)
-        return (-rank[n], t, order) if p.priority == "critical" else (t, order)
+        return (-rank[n], t, order) if rank else (t, order)
 
     def run(n: str, start: float, slot: int) -> tuple[float, float]:
         """Start `n` at `start` on `slot`: (when the slot is free again, when its outputs are on the client)."""
@@ -601,14 +633,15 @@ def sleep_targets() -> tuple[str, float, float]:
     return "\n".join(lines), total + 1.0, 4.5 + 1.0
 
 
-def _bgraph(ws: Path, cache: Path, *args: str, timeout: float = 900) -> tuple[dict, float]:
+def _bgraph(ws: Path, cache: Path, *args: str, timeout: float = 900,
+            env: dict[str, str] | None = None) -> tuple[dict, float]:
     """`bgraph build --json ARGS` in `ws` on `cache`: its summary and the wall seen from outside."""
     import subprocess
     sys.path.insert(0, str(REPO / "tests"))
     from bgraph_testlib import hermetic_env
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache),
-                           "build", "--json", *args], capture_output=True, text=True, env=hermetic_env(),
+                           "build", "--json", *args], capture_output=True, text=True, env=hermetic_env(env),
                           cwd=ws, timeout=timeout, check=False)
     wall = time.monotonic() - start
     try:
@@ -684,6 +717,86 @@ def run_check(work: Path, settings=((0.06, 0.19), (0.06, 0.40))) -> dict[str, An
     return out
 
 
+# -- FIFO against bgraph's priority, real builds -------------------------------------------------
+
+def order_targets(chain_s: float = 3.0, short_s: float = 0.4, chains: int = 6, depth: int = 4) -> str:
+    """The order workload (tests/test_priority.py's shape): a chain z1 -> z2 -> z3 of `chain_s`
+    steps beside `chains` chains of `depth` steps of `short_s`; each step echoes its name (no two
+    actions are alike) and reads common.txt, so one edit reruns all under the same names."""
+    out = []
+    for name, secs, dep in ([(f"z{i}", chain_s, f"z{i - 1}" if i > 1 else None) for i in range(1, 4)]
+                            + [(f"a{c}-{i}", short_s, f"a{c}-{i - 1}" if i > 1 else None)
+                               for c in range(chains) for i in range(1, depth + 1)]):
+        read = " && cat $IN_D/o >> $OUT/o" if dep else ""
+        out.append(f'[{name}]\nkind = "genrule"\nsrcs = ["common.txt"]\nouts = ["o"]\n'
+                   + (f'deps = {{ d = ":{dep}" }}\n' if dep else "")
+                   + f'cmd = "sleep {secs}; echo {name} > $OUT/o; cat $SRC/common.txt >> $OUT/o{read}"\n')
+    return "\n".join(out)
+
+
+def run_order(work: Path, rounds: int = 2, remote: bool = True) -> dict[str, Any]:
+    """Build the order workload once (durations recorded), then after each edit of common.txt
+    (every action again, same names) with bgraph's priority and with BGRAPH_SCHEDULE=fifo, in
+    turn, `rounds` times: locally at -j2, and through BuildGrid with 2 workers of 1 slot
+    (`-j1 --remote-jobs 2`: the client's queue, not BuildGrid's, decides the order)."""
+    import shutil
+    sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+    from bgraph_testlib import copy_toolchains
+    work.mkdir(parents=True, exist_ok=True)
+    ws = work / "ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    copy_toolchains(ws)
+    (ws / "targets" / "sim.toml").write_text(order_targets())
+    (ws / "targets" / "warm.toml").write_text("\n".join(
+        f'[warm{w}]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 1; echo warm{w} > $OUT/o"\n' for w in range(4)))
+    (ws / "common.txt").write_text("0\n")
+    # z3 first: the configured walk then lists z1 after every short chain's head (FIFO's worst).
+    tips = ["//sim:z3"] + [f"//sim:a{c}-4" for c in range(6)]
+    base = work / "base-cache"
+    _bgraph(ws, base, "//toolchains:host")  # the pinned /usr (fetched once), in every copy below
+    out: dict[str, Any] = {"workload": {"chain_s": 9.0, "short_s": 24 * 0.4, "actions": 27}, "runs": []}
+    edits = iter(range(1, 1000))
+
+    def series(name: str, cache: Path, *extra: str) -> None:
+        _bgraph(ws, cache, *extra, *tips)  # the first build: durations recorded
+        for r in range(rounds):
+            for policy in (("priority", "fifo") if r % 2 == 0 else ("fifo", "priority")):
+                (ws / "common.txt").write_text(f"{next(edits)}\n")
+                env = {"BGRAPH_SCHEDULE": "fifo"} if policy == "fifo" else {}
+                load = os.getloadavg()[0]
+                summary, wall = _bgraph(ws, cache, *extra, *tips, env=env)
+                out["runs"].append({"where": name, "order": policy, "round": r + 1, "wall_s": summary["wall_s"],
+                                    "executed": summary["executed"], "load": round(load, 2)})
+                print(json.dumps(out["runs"][-1]), flush=True)
+
+    local = work / "local-cache"
+    shutil.rmtree(local, ignore_errors=True)
+    shutil.copytree(base, local, symlinks=True)
+    series("local -j2", local, "-j2")
+    if remote:
+        from remote_exec_servers import ExecStack, missing_reason
+        if missing_reason():
+            out["remote_skipped"] = missing_reason()
+            return out
+        cache = work / "remote-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(base, cache, symlinks=True)
+        stack = ExecStack(work / "stack", workers=2)
+        try:
+            flags = ("--remote-executor", stack.url, "-j1", "--remote-jobs", "2")
+            for attempt in range(3):  # a fresh BuildGrid's first SQL connections may still be settling
+                try:
+                    _bgraph(ws, cache, *flags, *[f"//warm:warm{w}" for w in range(4)])
+                    break
+                except SystemExit as e:
+                    print(f"warm-up {attempt + 1} failed, retried: {str(e)[:300]}", file=sys.stderr)
+                    time.sleep(3)
+            series("BuildGrid, 2 workers x 1 slot", cache, *flags)
+        finally:
+            stack.stop()
+    return out
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 def _params(args) -> Params:
@@ -720,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the chosen part, print and write its JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["recorded", "flashinfer", "check"])
+    ap.add_argument("part", choices=["recorded", "flashinfer", "check", "order"])
     ap.add_argument("--cache", type=Path, help="(recorded) the build's --cache-dir")
     ap.add_argument("--log", type=Path, help="(recorded) its <cache>/logs/build-*.log: only the actions it ran")
     ap.add_argument("--labels", help="(recorded) only targets whose label matches this regex")
@@ -735,9 +848,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bandwidth", type=float, default=10, help="Gb/s of each worker's link")
     ap.add_argument("--server-bandwidth", type=float, default=25, help="Gb/s of the CAS server's link (shared)")
     ap.add_argument("--client-bandwidth", type=float, default=10, help="Gb/s of the client's link")
-    ap.add_argument("--priority", choices=["fifo", "critical"], default="fifo")
+    ap.add_argument("--priority", choices=["fifo", "critical", "bgraph"], default="fifo",
+                    help="the ready actions' order: FIFO, the ideal longest path first, or bgraph's priority")
     ap.add_argument("--warm", action="store_true", help="workers start with every blob no remote action makes")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/bgraph-scaling-check"), help="(check) scratch dir")
+    ap.add_argument("--rounds", type=int, default=2, help="(order) builds per order and place")
+    ap.add_argument("--local-only", action="store_true", help="(order) no BuildGrid run")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
     try:
@@ -771,6 +887,8 @@ def main(argv: list[str] | None = None) -> int:
         g, units, assumptions = flashinfer_estimate()
         out = {"estimate": True, "assumptions": assumptions,
                **report("FlashInfer SM12x set (ESTIMATE)", g, units, base, workers)}
+    elif args.part == "order":
+        out = run_order(args.work, args.rounds, remote=not args.local_only)
     else:
         out = run_check(args.work)
         print(json.dumps(out, indent=1))

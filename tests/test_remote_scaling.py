@@ -180,3 +180,25 @@ cmd = "echo delta > $OUT/o"
     assert not g.nodes[c]["remote"]
     assert sum(units[g.nodes[c]["writes"]].values()) == len("alpha-output\nalpha-output\nbeta\n")
     assert rs.critical_path(g)[1][-1] == c
+
+
+def test_bgraphs_priority_from_the_release_edges_by_hand():
+    """One target (no labels): a released b and c, c (ended after b) released d. bgraph's ranks:
+    a 2+max(3, 5+1) = 8, b 3, c 6, d 1, e 4; on 2 workers c goes before b, as longest path first."""
+    ranks = rs.bgraph_ranks(toy())
+    assert ranks == {"a": 8.0, "b": 3.0, "c": 6.0, "d": 1.0, "e": 4.0}
+    assert rs.simulate(toy(), {}, rs.Params(workers=2, overhead_s=0.0, priority="bgraph", **FREE))["wall_s"] == 8.0
+
+
+def test_bgraphs_priority_sees_targets_and_recorded_walls_not_the_true_graph():
+    """Targets //t:a (1 s) <- //t:b (10 s), //t:c (2 s): a's rank carries b's whole span. Ranks
+    come from what bgraph records (`wall_s`), not from the CPU seconds the simulation runs."""
+    g = nx.DiGraph()
+    for i, (n, label, cpu, wall) in enumerate([("a", "//t:a", 1.0, 1.0), ("b", "//t:b", 10.0, 10.0),
+                                                ("c", "//t:c", 2.0, 20.0)]):
+        g.add_node(n, label=label, seconds=cpu, wall_s=wall, remote=True, reads=(), writes=None, order=i)
+    g.add_edge("a", "b")
+    assert rs.bgraph_ranks(g) == {"a": 11.0, "b": 10.0, "c": 20.0}
+    assert rs.bgraph_ranks(g, recorded="seconds") == {"a": 11.0, "b": 10.0, "c": 2.0}
+    with pytest.raises(ValueError):
+        rs.simulate(g, {}, rs.Params(workers=1, priority="nope", **FREE))
