@@ -40,7 +40,8 @@ class _TargetState:
     executed_any: bool = False  # an action of this target ran: later hits here are cut off
     running: int = 0  # actions submitted and not yet finished
     # What this build saw of its actions, for the next build's priorities (priority.Timing):
-    # seconds each (a hit's from its cached result), and which action's end released each.
+    # seconds each (a hit's from its cached result), and which action's end released each
+    # (absent: ready when its target was planned).
     seconds: dict[str, float] = field(default_factory=dict)
     after: dict[str, str | None] = field(default_factory=dict)
 
@@ -278,7 +279,8 @@ class BuildRun:
         upstream_dirty = state.executed_any or any(d in self.dirty for d in self.deps[label])
         while ready:
             slot, action, after = ready.pop(0)
-            state.after[action.name] = after
+            if after is not None:  # none: ready when planned (kept only where not, 10,000 targets' worth)
+                state.after[action.name] = after
             decision = e.rebuilder.check(action, lambda name=action.name: state.previous(name))
             key, description = action.traced(e.digester)
             state.trace_actions[action.name] = {"key": key, "description": description}

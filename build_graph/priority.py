@@ -28,7 +28,7 @@ DEFAULT_S = 1.0  # the expected seconds of an action no earlier build recorded
 @dataclass(frozen=True)
 class Timing:
     """What one target's last build recorded of its actions: seconds each, and which action's
-    end released each (None: ready when the target was planned)."""
+    end released each (None or absent: ready when the target was planned)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     after: dict[str, str | None] = field(default_factory=dict)
