@@ -186,6 +186,89 @@ def test_materialize(cas):
     assert leftovers(cas) == []
 
 
+def _writable(path):
+    """Root writes below a read-only tree (the tamperings below are what another process could do)."""
+    for d in [path, *path.parents]:
+        if d.name.startswith("tree") or len(d.name) == 64:
+            break
+        d.chmod(0o755)
+
+
+def _add_file(root):
+    _writable(root / "sub")
+    (root / "sub" / "stray").write_bytes(b"x")
+
+
+def _add_empty_dir(root):
+    _writable(root)
+    (root / "extra").mkdir()
+
+
+def _add_nested_dirs(root):
+    _writable(root / "sub")
+    (root / "sub" / "deeper" / "deepest").mkdir(parents=True)
+
+
+def _remove_file(root):
+    _writable(root / "sub")
+    (root / "sub" / "g").unlink()
+
+
+def _replace_file_same_bytes(root):
+    _writable(root / "sub")
+    (root / "sub" / "g").unlink()
+    (root / "sub" / "g").write_bytes(b"data")
+
+
+def _retarget_link(root):
+    _writable(root)
+    (root / "l").unlink()
+    (root / "l").symlink_to("f")
+
+
+def _listed_dir_to_file(root):
+    _writable(root)
+    (root / "e").rmdir()
+    (root / "e").write_bytes(b"")
+
+
+def _link_to_dir(root):
+    _writable(root)
+    (root / "l").unlink()
+    (root / "l").mkdir()
+
+
+def _write_through(root):
+    p = root / "f"
+    p.chmod(0o644)
+    p.write_bytes(b"DATA")
+
+
+def _remove_implied_dir(root):
+    _writable(root)
+    for name in ("g",):
+        _writable(root / "sub")
+        (root / "sub" / name).unlink()
+    (root / "sub").rmdir()
+
+
+@pytest.mark.parametrize("tamper", [_add_file, _add_empty_dir, _add_nested_dirs, _remove_file, _replace_file_same_bytes,
+                                    _retarget_link, _listed_dir_to_file, _link_to_dir, _write_through,
+                                    _remove_implied_dir])
+def test_a_materialized_tree_changed_in_place_is_not_intact(cas, tmp_path, tamper):
+    """The one-pass check of a materialized copy (how the next build checks a toolchain's 10,000
+    files) finds every way its directory can differ from the tree."""
+    a = cas.put_bytes(b"data")
+    x = cas.put_bytes(b"#!/bin/sh\n", executable=True)
+    tree = Tree({"f": a, "sub/g": a, "bin/x": x, "l": SymlinkEntry("sub/g"), "e": DirEntry()})
+    root = cas.materialize(tree)
+    cas.save_stamps()
+    cas.close()
+    assert LocalCas(tmp_path / "cache", B3)._is_intact(tree, root)  # the next build, nothing changed
+    tamper(root)
+    assert not LocalCas(tmp_path / "cache", B3)._is_intact(tree, root)
+
+
 def test_a_blob_stored_is_trusted_by_the_next_build_until_it_is_written(cas, tmp_path, monkeypatch):
     """The stamp of a blob is recorded when it is stored (its bytes were hashed then): the next
     build does not hash it again (a fetched toolchain was re-hashed by the first build that

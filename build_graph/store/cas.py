@@ -722,39 +722,54 @@ class LocalCas:
         """Whether a materialized tree is still `tree`: every file the blob's own inode, sound, with
         its mode, every link and directory as listed, and nothing more (a file replaced, added or
         removed below it, or a blob written through a link of it, is found here; bgraph-out/
-        links such trees)."""
-        base = os.fspath(dest)
-        expected = {""}
+        links such trees). One pass over the directories (scandir's entry types are free; a file
+        costs one lstat): what is found must each be an entry of the tree or a directory the tree
+        implies, which is never empty, and as many entries must be found as the tree has."""
+        entries = tree.entries
         stamps = self._stamps.table
+        matched = 0
+        pending = [("", os.fspath(dest), False)]  # (relative path, path, whether the tree lists it)
         try:
-            for path, entry in tree.entries.items():
-                parent = path
-                while (parent := parent.rpartition("/")[0]) and parent not in expected:
-                    expected.add(parent)
-                expected.add(path)
-                st = os.lstat(f"{base}/{path}")
-                if isinstance(entry, FileEntry):
-                    if not stat.S_ISREG(st.st_mode):
-                        return False
-                    # A link shares its blob's inode, so its stat is the blob's: the stamp the blob
-                    # was hashed good under (inode, size, mtime, ctime, mode) proves both at once.
-                    copy = ".x" if entry.executable else ""  # materialize links executables to the .x copy
-                    if stamps.get(entry.digest[2:] + copy) == stat_stamp(st) and st.st_size == entry.size:
-                        continue
-                    if not self.verify(entry) or st.st_ino != os.stat(self._blob_str(entry.digest) + copy).st_ino:
-                        return False
-                elif isinstance(entry, SymlinkEntry):
-                    if not stat.S_ISLNK(st.st_mode) or os.readlink(f"{base}/{path}") != entry.target:
-                        return False
-                elif not stat.S_ISDIR(st.st_mode):
-                    return False
-            found = {""}
-            for dirpath, dirs, files in os.walk(base):
-                rel = dirpath[len(base) + 1:]
-                found.update(f"{rel}/{n}" if rel else n for n in (*dirs, *files))
+            while pending:
+                rel, path, listed = pending.pop()
+                empty = True
+                with os.scandir(path) as found:
+                    for de in found:
+                        empty = False
+                        name = f"{rel}/{de.name}" if rel else de.name
+                        entry = entries.get(name)
+                        if entry is None:
+                            # Only a directory some entry lies below may be unlisted: one that is
+                            # not holds nothing listed, so it ends in an empty one or a stray file.
+                            if not de.is_dir(follow_symlinks=False):
+                                return False
+                            pending.append((name, de.path, False))
+                            continue
+                        matched += 1
+                        if isinstance(entry, FileEntry):
+                            st = de.stat(follow_symlinks=False)
+                            if not stat.S_ISREG(st.st_mode):
+                                return False
+                            # A link shares its blob's inode, so its stat is the blob's: the stamp
+                            # the blob was hashed good under (inode, size, mtime, ctime, mode)
+                            # proves both at once.
+                            copy = ".x" if entry.executable else ""  # executables link the .x copy
+                            if stamps.get(entry.digest[2:] + copy) == stat_stamp(st) and st.st_size == entry.size:
+                                continue
+                            if not self.verify(entry) or st.st_ino != os.stat(self._blob_str(entry.digest) + copy).st_ino:
+                                return False
+                        elif isinstance(entry, SymlinkEntry):
+                            if not de.is_symlink() or os.readlink(de.path) != entry.target:
+                                return False
+                        elif de.is_dir(follow_symlinks=False):
+                            pending.append((name, de.path, True))
+                        else:
+                            return False
+                if empty and not listed and rel:
+                    return False  # an unlisted directory the tree does not imply
         except OSError:
             return False
-        return found == expected
+        return matched == len(entries)
 
     def _restamp(self, blobs: set[Path]) -> None:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
