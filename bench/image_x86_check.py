@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from image_load import docker_cli_load  # noqa: E402 (bench/ is the script's directory)
 
-from build_graph.oci.load import connect  # noqa: E402
+from build_graph.oci import image  # noqa: E402
+from build_graph.oci.load import connect, load  # noqa: E402
 
 NO_DEVICE = "Failed to infer device type"
 STUB_DIR = "/opt/bgraph-driver-stub"  # where the container sees the driver stub (read-only)
@@ -110,6 +111,43 @@ def layer_stats(path: Path, verify: bool) -> dict:
     return out
 
 
+def prefix_image(layout: Path, meta: dict, config: dict, k: int, work: Path) -> tuple[Path, dict]:
+    """An image of the bottom k layers (blobs hard-linked, documents written by bgraph's own
+    image.documents with this image's settings), tagged <ref>-prefix<k>."""
+    out = work / f"prefix{k}"
+    (out / "blobs/sha256").mkdir(parents=True)
+    layers = [image.Layer(l["name"], l["digest"], l["size"]) for l in meta["layers"][:k]]
+    for layer in layers:
+        os.link(layout / image.blob_path(layer.digest), out / image.blob_path(layer.digest))
+    run_config = config["config"]
+    ref = f"{meta['ref']}-prefix{k}"
+    docs = image.documents(platform="x86_64", layers=layers, ref=ref, created=0, created_by="image_x86_check",
+                           env=run_config.get("Env", []), entrypoint=run_config.get("Entrypoint") or [],
+                           cmd=run_config.get("Cmd") or [], workdir=run_config.get("WorkingDir", ""),
+                           user=run_config.get("User", ""), labels=run_config.get("Labels") or {})
+    for path, data in ((image.blob_path(docs.config_digest), docs.config),
+                       (image.blob_path(docs.manifest_digest), docs.manifest), ("index.json", docs.index),
+                       ("manifest.json", docs.docker_manifest), ("oci-layout", docs.layout)):
+        (out / path).write_bytes(data)
+    return out, {"ref": ref, "config": docs.config_digest, "manifest": docs.manifest_digest,
+                 "layers": [{"name": l.name, "digest": l.digest, "size": l.size} for l in layers]}
+
+
+def staged_loads(layout: Path, meta: dict, config: dict) -> list[dict]:
+    """Load the image's bottom layers one per load, as prefix images (each load sends one layer:
+    the daemon has the chain below it), for a daemon whose staging directory (DOCKER_TMPDIR: Docker
+    unpacks the whole tar there before it looks at the layers) cannot hold the whole image."""
+    steps = []
+    with tempfile.TemporaryDirectory(prefix="image-x86-prefix-", dir="/var/tmp") as tmp:
+        for k in range(1, len(meta["layers"])):
+            out, pmeta = prefix_image(layout, meta, config, k, Path(tmp))
+            report = load(out, pmeta, timeout=3600)
+            steps.append({"layer": meta["layers"][k - 1]["name"], **report.to_json()})
+            say(f"staged load {k}: {report.line()}")
+            shutil.rmtree(out)
+    return steps
+
+
 def run(client, ref: str, argv: list[str], entrypoint: list[str], env: dict, volumes: dict | None = None,
         timeout: int = 900) -> tuple[int, str, float]:
     """Run the image with no network (the SDK, as `docker run --network none`); exit, output, seconds."""
@@ -133,6 +171,9 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="after the load: `bgraph load --full` and `docker load` of the same tar, every layer there")
     ap.add_argument("--skip-load", action="store_true", help="the image is loaded already: only run it")
+    ap.add_argument("--staged", action="store_true",
+                    help="before `bgraph load`, load the bottom layers one per load (prefix images), so the "
+                         "daemon never stages more than one layer")
     args = ap.parse_args()
     if not os.environ.get("DOCKER_HOST"):
         fail("set DOCKER_HOST to the daemon to load into (e.g. unix:///var/tmp/d/docker.sock)")
@@ -162,6 +203,9 @@ def main() -> None:
     client, daemon = connect(60)
     client.api.timeout = 900
     report["daemon"] = daemon
+    config = json.loads((layout / image.blob_path(meta["config"])).read_text())
+    if args.staged and not args.skip_load:
+        report["staged_loads"] = staged_loads(layout, meta, config)
     if not args.skip_load:
         say("bgraph load")
         loaded, secs = bgraph(args.ws, args.cache_dir, "load", "--timeout", "3600", "--json", args.label)
@@ -180,12 +224,11 @@ def main() -> None:
     try:
         shutil.copy(outputs["//vllm:cuda-driver-stub"] / "libcuda.so", scratch / "libcuda.so.1")
         os.chmod(scratch, 0o755)
-        config = json.loads((layout / "blobs" / "sha256" / meta["config"].split(":", 1)[1]).read_text())
         image_env = dict(e.split("=", 1) for e in config["config"].get("Env", []))
         report["entrypoint"] = config["config"].get("Entrypoint")
         ld_path = ":".join(p for p in (STUB_DIR, image_env.get("LD_LIBRARY_PATH")) if p)
         say("probe: imports, vLLM's libraries, FlashInfer's AOT modules")
-        rc, logs, secs = run(client, meta["ref"], ["/usr/bin/python3", "-c", PROBE], [],
+        rc, logs, secs = run(client, meta["ref"], ["-c", PROBE], ["/usr/bin/python3"],
                              {"FLASHINFER_DISABLE_JIT": "1", "LD_LIBRARY_PATH": ld_path, "HOME": "/tmp"},
                              {str(scratch): {"bind": STUB_DIR, "mode": "ro"}})
         report["probe_s"] = round(secs, 1)
