@@ -66,11 +66,6 @@ def cmd_build(args, console: Console) -> int:
     ws = _workspace(args, create=not args.check_against)  # a mistyped --check-against makes nothing
     labels = expand(args.targets, ws.targets)
     exec_platform = args.host_platform or host_platform()
-    if exec_platform != host_platform() and not args.dry_run:
-        raise PlanError(f"cannot run actions for an {exec_platform} host on this {host_platform()} machine",
-                        hint=f"plan it with `bgraph build --dry-run --host-platform {exec_platform} …`: every pin "
-                             f"and key is resolved as on that machine, nothing runs; to build for {exec_platform} "
-                             f"here, give --platform {exec_platform}")
     overrides = {k: v for k, v in (("url", args.remote_cache), ("signing_key", args.remote_signing_key))
                  if v is not None}
     if args.remote_upload:
@@ -85,6 +80,11 @@ def cmd_build(args, console: Console) -> int:
         overrides["local_fallback"] = True
     remote = remote_settings(ws, overrides)
     _check_executor(remote.executor)
+    if exec_platform != host_platform() and not args.dry_run and not remote.executor:
+        raise PlanError(f"cannot run actions for an {exec_platform} host on this {host_platform()} machine",
+                        hint=f"plan it with `bgraph build --dry-run --host-platform {exec_platform} …`, or run it on "
+                             f"{exec_platform} workers with --remote-executor (`bgraph worker --isa {exec_platform}`); "
+                             f"to build for {exec_platform} here, give --platform {exec_platform}")
     options = BuildOptions(
         remote=remote if remote.url else None,
         jobs=args.jobs or ws.model.defaults.jobs or os.cpu_count() or 1,
@@ -427,7 +427,7 @@ def cmd_worker(args, console: Console) -> int:
     from build_graph.remote_exec.worker import main as worker_main
 
     return worker_main(args.server, args.slots, args.work_dir, args.cache, args.digest_function, args.heartbeat,
-                       args.name, args.max_cache)
+                       args.name, args.max_cache, args.isa, args.qemu)
 
 
 def cmd_load(args, console: Console) -> int:
@@ -741,6 +741,11 @@ def parser() -> argparse.ArgumentParser:
                                    "restarts: the server then requeues a restarted worker's jobs at once")
     wk.add_argument("--max-cache", metavar="SIZE", help="empty the worker's cache between leases when it holds "
                                                         "more than SIZE (e.g. 50G; default: no bound)")
+    wk.add_argument("--isa", choices=["x86_64", "aarch64"],
+                    help="the CPU this worker offers (default: the host's); another one needs --qemu")
+    wk.add_argument("--qemu", metavar="FILE", help="a static qemu-user binary (//toolchains:qemu-user's "
+                                                   "usr/libexec/qemu-binfmt/aarch64-binfmt-P) that runs --isa's "
+                                                   "programs, registered in the actions' own user namespace only")
     wk.set_defaults(fn=cmd_worker)
     return p
 

@@ -51,6 +51,15 @@ FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest o
 CANCEL_S = 5.0  # how long Ctrl-C waits, in all, for the server to take its CancelOperations
 
 
+def _foreign(action: Action) -> str | None:
+    """This machine's platform, where `action` is for another CPU's (--host-platform), else None."""
+    from build_graph.workspace import host_platform
+
+    here = host_platform()
+    machine = action.exec_platform or action.platform  # exec_platform is set only where they differ
+    return here if machine and machine != here else None
+
+
 class RemoteFailure(Exception):
     """The service failed an action for a reason of its own (not the action's)."""
 
@@ -213,14 +222,23 @@ class RemoteRunner:
 
     # -- local runs ----------------------------------------------------------------------------
     def _run_locally(self, action: Action, stamps):
+        if _foreign(action):
+            # An action for workers of another CPU (--host-platform) never runs on this one.
+            machine = action.exec_platform or action.platform
+            raise ActionFailed(f"an action for an {machine} host cannot run on this {_foreign(action)} machine"
+                               + (" (it reads host paths, which are never sent)" if action.host_paths else ""),
+                               where=action.name, hint=f"it runs only on {machine} workers "
+                                                       f"(`bgraph worker --isa {machine}`)")
         with self.local_slots:
             store = self.local.run_process(action, stamps)
         return store
 
     def _fall_back(self, action: Action, stamps, error: Exception):
-        if not self.local_fallback:
+        if not self.local_fallback or _foreign(action):
             raise ActionFailed(f"remote execution failed: {error}", where=action.name,
-                               hint="--remote-local-fallback runs such an action locally instead") from None
+                               hint=f"it runs only on {action.exec_platform or action.platform} workers"
+                               if _foreign(action) else
+                               "--remote-local-fallback runs such an action locally instead") from None
         with self._lock:
             self.stats["fell_back"] += 1
             self._failures += 1

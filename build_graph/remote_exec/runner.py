@@ -4,6 +4,13 @@ entries read-only at /<name>, writable output directories, nothing else of the h
 The isolation options are sandbox.py's own (no capability, no nested user namespace, read-only
 /proc), so a remote action is confined exactly as a local one. The process can be killed at any
 time (timeout, cancelled lease): its whole tree goes, since bwrap's PID namespace ends with it.
+
+A worker for another CPU (`bgraph worker --isa aarch64 --qemu FILE`) runs each lease's bwrap
+inside a user namespace of its own that has its own binfmt_misc (Linux 6.7 and later give each
+user namespace one): registered there, with the F flag (the kernel opens the interpreter once,
+so the sandbox needs no path to it), qemu-user runs every program of that CPU the action starts,
+and nothing is registered on the host. bwrap's own namespaces, made inside that one, inherit it;
+the action's confinement is the same as on any worker.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -25,6 +33,45 @@ from build_graph.sandbox import (
     nesting_options,
 )
 from build_graph.spares import memfd, read_memfd
+
+
+# binfmt_misc's magic and mask of each CPU a worker may emulate: an ELF64 executable or shared
+# object for its e_machine (as Debian's qemu-user-static registers them).
+BINFMT = {
+    "aarch64": (r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00",
+                r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"),
+}
+# In the new user and mount namespace: its own binfmt_misc, the one entry, then bwrap.
+# (mount by its path, as $2: the shell runs with the action's environment, PATH included.)
+_REGISTER_AND_EXEC = ('"$2" -t binfmt_misc bgraph /proc/sys/fs/binfmt_misc && '
+                      'printf %s "$1" > /proc/sys/fs/binfmt_misc/register && shift 2 && exec "$@"')
+
+
+def emulating(isa: str, qemu: str) -> list[str]:
+    """The argv prefix that starts bwrap where `qemu` (a static qemu-user binary; its Debian
+    `*-binfmt-P` name keeps each program's argv[0]) runs programs of `isa`."""
+    magic, mask = BINFMT[isa]
+    flags = "FP" if qemu.endswith("-binfmt-P") else "F"
+    entry = f":bgraph-{isa}:M::{magic}:{mask}:{qemu}:{flags}"
+    return [shutil.which("unshare") or "/usr/bin/unshare", "--user", "--map-root-user", "--mount", "--",
+            "/bin/sh", "-c", _REGISTER_AND_EXEC, "bgraph-binfmt", entry, shutil.which("mount") or "/usr/bin/mount"]
+
+
+def emulation_problem(isa: str, qemu: str) -> str | None:
+    """Why this host cannot run `isa` programs through `qemu` as emulating() does, or None."""
+    if isa not in BINFMT:
+        return f"no binfmt entry for {isa} (known: {', '.join(sorted(BINFMT))})"
+    if not (os.path.isfile(qemu) and os.access(qemu, os.X_OK)):
+        return f"{qemu} is not an executable file"
+    try:
+        probe = subprocess.run([*emulating(isa, qemu), "/bin/true"], capture_output=True, text=True, timeout=30, check=False,
+                               stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot start a user namespace with its own binfmt_misc: {e}"
+    if probe.returncode != 0:
+        return ("this kernel gives a user namespace no binfmt_misc of its own (Linux 6.7 or later does; "
+                f"unshare and mount from util-linux are needed): {probe.stderr.strip()[-300:]}")
+    return None
 
 
 @dataclass
@@ -60,7 +107,10 @@ def bwrap_options(bwrap: str, mounts: list[tuple], writable: list[tuple[Path, st
 class Process:
     """The sandboxed command of one lease; kill() may be called from another thread."""
 
-    def __init__(self, options: list[str], argv: list[str], env: dict[str, str], stdout: Path, stderr: Path):
+    def __init__(self, options: list[str], argv: list[str], env: dict[str, str], stdout: Path, stderr: Path,
+                 launcher: list[str] = ()):
+        """`launcher`: what starts bwrap (emulating()'s prefix), exec'ing into it: the process is
+        bwrap's all the same (one process group, killed as one)."""
         self.bwrap = find_bwrap()
         self._killed = ""
         self._lock = threading.Lock()
@@ -73,7 +123,7 @@ class Process:
             with open(stdout, "wb") as out, open(stderr, "wb") as err:
                 # Exactly the Command's environment: bwrap is started with it and passes it on
                 # (as sandbox.py does; --setenv per variable would run into bwrap's argument limit).
-                self.proc = subprocess.Popen([self.bwrap, "--args", str(opts), "--", *argv], env=env,
+                self.proc = subprocess.Popen([*launcher, self.bwrap, "--args", str(opts), "--", *argv], env=env,
                                              stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                              pass_fds=(opts, status), start_new_session=True)
         except BaseException:

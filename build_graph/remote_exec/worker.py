@@ -34,7 +34,8 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
   symlink as an OutputSymlink, a directory as an OutputDirectory whose Tree is uploaded. A
   declared output the action did not make is simply absent (REAPI).
 - Platform properties the worker offers: `OSFamily=Linux`, `ISA=x86-64` or `aarch64` (the
-  host's), and `bgraph-sandbox=SANDBOX_VERSION`, which the client sends too: a change of this
+  host's, or with `--isa aarch64 --qemu FILE` the one it emulates: runner.emulating), and
+  `bgraph-sandbox=SANDBOX_VERSION`, which the client sends too: a change of this
   contract changes the version, so old clients' actions wait for matching workers instead of
   running in a sandbox they were not built for.
 - Statuses: inputs missing from the server's CAS -> FAILED_PRECONDITION with a PreconditionFailure
@@ -67,7 +68,7 @@ from build_graph.remote_exec import outputs as outs
 from build_graph.remote_exec.patient import PatientRemote
 from build_graph.remote_exec.bots import BotsClient, SessionGone, Stopped
 from build_graph.remote_exec.cache_bound import Uses, parse_size, tree_bytes
-from build_graph.remote_exec.runner import Process, bwrap_options
+from build_graph.remote_exec.runner import Process, bwrap_options, emulating, emulation_problem
 from build_graph.remote_exec.staging import (
     BadInput,
     CorruptInput,
@@ -93,10 +94,30 @@ log = logging.getLogger("bgraph.worker")
 OK, CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL, UNAVAILABLE = 0, 1, 3, 4, 9, 13, 14
 
 
-def host_properties() -> dict[str, str]:
-    """The platform this worker offers: OSFamily, ISA (the host's) and the sandbox version."""
-    machine = platform.machine()
+def host_properties(isa: str | None = None) -> dict[str, str]:
+    """The platform this worker offers: OSFamily, ISA (the host's, or `isa` where it emulates
+    one) and the sandbox version."""
+    machine = isa or platform.machine()
     return {"OSFamily": "Linux", "ISA": ISA.get(machine, machine), "bgraph-sandbox": SANDBOX_VERSION}
+
+
+def emulation(isa: str | None, qemu: str | None) -> tuple[str | None, list[str]]:
+    """The ISA a worker offers where it is not the host's, and the launcher its actions start
+    through (runner.emulating); a worker that cannot emulate it is refused with one line."""
+    host = ISA.get(platform.machine(), platform.machine())
+    if isa is None or ISA.get(isa, isa) == host:
+        if qemu:
+            raise LoadError("--qemu is for a worker of another CPU", hint="give --isa too, e.g. --isa aarch64")
+        return None, []
+    if not qemu:
+        raise LoadError(f"a worker for {isa} on this {platform.machine()} host runs its programs under qemu-user: "
+                        "--qemu is missing",
+                        hint="give the pinned one: --qemu $(bgraph build --json //toolchains:qemu-user …)"
+                             f"/usr/libexec/qemu-binfmt/{isa}-binfmt-P")
+    problem = emulation_problem(isa, qemu)
+    if problem:
+        raise LoadError(f"cannot emulate {isa} with --qemu {qemu}: {problem}")
+    return isa, emulating(isa, qemu)
 
 
 def _status(code: int, message: str, missing: list[tuple[str, int]] | None = None):
@@ -116,7 +137,8 @@ class Worker:
 
     def __init__(self, server: str, slots: int, work_dir: Path, cache_dir: Path,
                  digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None,
-                 max_cache: int | None = None):
+                 max_cache: int | None = None, isa: str | None = None, launcher: list[str] = ()):
+        """`isa` and `launcher` (emulation()): the CPU this worker offers, where not the host's."""
         from build_graph.store.reapi_remote import ReapiRemote
 
         if not server.startswith("grpc://"):
@@ -124,6 +146,7 @@ class Worker:
         if slots < 1:
             raise LoadError(f"--slots {slots}: a worker needs at least one slot", hint="e.g. --slots 2")
         self.server, self.slots = server, slots
+        self.isa, self.launcher = isa, list(launcher)
         self.work_dir, self.cache_dir = Path(work_dir), Path(cache_dir)
         self.heartbeat_s = heartbeat_s
         self.stopping = threading.Event()
@@ -209,7 +232,7 @@ class Worker:
         bot_id = f"{self.host}/{index}"  # stable: a restarted worker's jobs are requeued at once
         session = rw.BotSession(bot_id=bot_id, status=rw.OK)
         device = session.worker.devices.add(handle=bot_id)
-        for key, value in sorted(host_properties().items()):
+        for key, value in sorted(host_properties(self.isa).items()):
             device.properties.add(key=key, value=value)
         return session
 
@@ -424,7 +447,7 @@ class Worker:
         if cancelled.is_set() or self.stopping.is_set():
             return _status(CANCELLED, "lease cancelled (or the worker stopping) before the action started"), None
         meta.execution_start_timestamp.GetCurrentTime()
-        proc = Process(options, list(command.arguments), env, stdout, stderr)
+        proc = Process(options, list(command.arguments), env, stdout, stderr, self.launcher)
         key = id(proc)
         with self._lock:
             self._processes[key] = proc
@@ -511,20 +534,22 @@ def _is_dir(path: str, mounts) -> bool:
 
 def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
          digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None,
-         max_cache: str | None = None) -> int:
+         max_cache: str | None = None, isa: str | None = None, qemu: str | None = None) -> int:
     """`bgraph worker`: serve until SIGTERM or Ctrl-C."""
     from build_graph.sandbox import find_bwrap
 
     find_bwrap()
+    isa, launcher = emulation(isa, qemu)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cache = Path(cache_dir) if cache_dir else Path(os.environ.get("BGRAPH_CACHE") or
                                                      Path.home() / ".cache" / "bgraph") / "worker"
     work = Path(work_dir) if work_dir else cache / "leases"
     work.mkdir(parents=True, exist_ok=True)
     bound = parse_size(max_cache) if max_cache else None
-    worker = Worker(server, slots, work, cache, digest_function, heartbeat_s, name, bound)
+    worker = Worker(server, slots, work, cache, digest_function, heartbeat_s, name, bound, isa, launcher)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.stop())
     print(f"bgraph worker: {slots} slot(s) as {worker.host}/0..{slots - 1} on {server} "
-          f"({', '.join(f'{k}={v}' for k, v in sorted(host_properties().items()))})", flush=True)
+          f"({', '.join(f'{k}={v}' for k, v in sorted(host_properties(isa).items()))}"
+          f"{f', under {qemu}' if isa else ''})", flush=True)
     return worker.run()
