@@ -64,8 +64,8 @@ def emulation_problem(isa: str, qemu: str) -> str | None:
     if not (os.path.isfile(qemu) and os.access(qemu, os.X_OK)):
         return f"{qemu} is not an executable file"
     try:
-        probe = subprocess.run([*emulating(isa, qemu), "/bin/true"], capture_output=True, text=True, timeout=30, check=False,
-                               stdin=subprocess.DEVNULL)
+        probe = subprocess.run([*emulating(isa, qemu), "/bin/true"], capture_output=True, text=True, timeout=30,
+                               check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"cannot start a user namespace with its own binfmt_misc: {e}"
     if probe.returncode != 0:
