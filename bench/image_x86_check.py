@@ -23,7 +23,7 @@ is bind-mounted read-only into the container and put on LD_LIBRARY_PATH, where t
 put the real one; nothing calls it.
 
 Usage: DOCKER_HOST=unix:///... python3 bench/image_x86_check.py [-C WS] [--cache-dir DIR]
-       [--label //images:vllm-sm120] [--verify] [--compare] [--skip-load]
+       [--label //images:vllm-sm120] [--verify] [--compare] [--staged] [--skip-load]
 Exit 0 only if every check passed; the report is JSON on stdout (progress on stderr).
 """
 
