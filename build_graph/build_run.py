@@ -53,6 +53,11 @@ class _TargetState:
             self._trace = self.load_trace()
         return self._trace
 
+    def complete(self, slot: Any, outcome: Outcome) -> list[tuple[Any, Action, str]]:
+        """Give the plan an action's outcome: the actions it made ready, each with the name of
+        the action whose end released it (the `after` edge priority.Timing records)."""
+        return [(s, a, outcome.action.name) for s, a in self.plan.complete(slot, outcome)]
+
     def timed(self, name: str, seconds: float | None, after: str | None = None) -> None:
         """Note action `name`'s seconds (None: not known yet) or what released it."""
         if seconds is not None:
@@ -302,7 +307,7 @@ class BuildRun:
                 why = decision.why or ("inputs unchanged" if status == "hit" else "upstream rebuilt to identical outputs")
                 self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, status, why))
                 state.timed(action.name, decision.result.duration_s)
-                ready += [(s, a, action.name) for s, a in state.plan.complete(slot, Outcome(action, decision.tree, status))]
+                ready += state.complete(slot, Outcome(action, decision.tree, status))
                 continue
             if isinstance(decision, Miss):
                 reason, cached = decision.reason, None
@@ -394,8 +399,7 @@ class BuildRun:
         if self.stopping:
             return
         try:
-            self._dispatch(label, [(s, a, action.name) for s, a in
-                                   state.plan.complete(slot, Outcome(action, tree, "executed", reason))])
+            self._dispatch(label, state.complete(slot, Outcome(action, tree, "executed", reason)))
         except Exception as err:
             self._fail(label, self._as_error(label, err))
 
@@ -422,8 +426,7 @@ class BuildRun:
             self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "hit",
                                              f"ran once in this build, for {leader} {leader_action.name}"))
             try:
-                self._dispatch(label, [(s, a, action.name) for s, a in
-                                       state.plan.complete(slot, Outcome(action, tree, "hit"))])
+                self._dispatch(label, state.complete(slot, Outcome(action, tree, "hit")))
             except Exception as err:
                 self._fail(label, self._as_error(label, err))
 

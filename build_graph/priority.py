@@ -53,6 +53,25 @@ class Timing:
         return cls(seconds, after)
 
 
+def _fold(start: Hashable, children: Callable[[Hashable], Iterable[Hashable]],
+          value: Callable[[Hashable], float], done: dict) -> None:
+    """Put value(n) in `done` for `start` and everything `children` reaches from it, children
+    first (value reads theirs from `done`), without recursion (a chain of thousands of steps or
+    targets); a cycle, which a damaged trace could hold, is cut where it closes."""
+    stack, open_ = [(start, False)], set()
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            open_.discard(node)
+            done[node] = value(node)
+            continue
+        if node in done or node in open_:
+            continue
+        open_.add(node)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if c not in done and c not in open_)
+
+
 def remaining(t: Timing) -> dict[str, float]:
     """Each recorded action's expected seconds from its start to the end of the last action its
     end led to inside the target (its own seconds included)."""
@@ -60,26 +79,14 @@ def remaining(t: Timing) -> dict[str, float]:
     for name, parent in t.after.items():
         if parent is not None and parent != name:
             children.setdefault(parent, []).append(name)
-    names = set(t.seconds) | set(t.after) | set(children)
     out: dict[str, float] = {}
-    for root in names:
-        if root in out:
-            continue
-        # Post-order without recursion (a chain of thousands of steps); a cycle, which a damaged
-        # trace could hold, is cut where it closes.
-        stack, open_ = [(root, False)], set()
-        while stack:
-            name, expanded = stack.pop()
-            if expanded:
-                open_.discard(name)
-                out[name] = t.seconds.get(name, DEFAULT_S) + max(
-                    (out.get(c, 0.0) for c in children.get(name, ()) if c in out), default=0.0)
-                continue
-            if name in out or name in open_:
-                continue
-            open_.add(name)
-            stack.append((name, True))
-            stack.extend((c, False) for c in children.get(name, ()) if c not in out and c not in open_)
+
+    def value(name: str) -> float:
+        return t.seconds.get(name, DEFAULT_S) + max(
+            (out[c] for c in children.get(name, ()) if c in out), default=0.0)
+
+    for root in set(t.seconds) | set(t.after) | set(children):
+        _fold(root, lambda n: children.get(n, ()), value, out)
     return out
 
 
@@ -117,22 +124,9 @@ class Priorities:
 
     def tail(self, target: Hashable) -> float:
         """The longest expected path through the targets that wait on `target` (0: none)."""
-        if target in self._tails:
-            return self._tails[target]
-        # Dependents first, without recursion (a chain of 10,000 targets).
-        stack, open_ = [(target, False)], set()
-        while stack:
-            t, expanded = stack.pop()
-            if expanded:
-                open_.discard(t)
-                self._tails[t] = max((self._span(d) + self._tails.get(d, 0.0) for d in self._dependents(t)),
-                                     default=0.0)
-                continue
-            if t in self._tails or t in open_:
-                continue
-            open_.add(t)
-            stack.append((t, True))
-            stack.extend((d, False) for d in self._dependents(t) if d not in self._tails and d not in open_)
+        if target not in self._tails:
+            _fold(target, self._dependents, lambda t: max(
+                (self._span(d) + self._tails.get(d, 0.0) for d in self._dependents(t)), default=0.0), self._tails)
         return self._tails[target]
 
     def of(self, target: Hashable, action: str) -> float:

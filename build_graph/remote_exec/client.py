@@ -34,13 +34,12 @@ from build_graph.errors import ActionFailed, LoadError
 from build_graph.model import Action, ActionResult, DirEntry, FileEntry, SymlinkEntry, Tree
 from build_graph.remote_exec.input_root import (DigestMap, Encoded, Encoder, NotRemotable, local_blob_path,
                                                 out_relative, output_paths, working_directory)
-from build_graph.remote_exec.worker import SANDBOX_VERSION
+from build_graph.remote_exec.worker import ISA, SANDBOX_VERSION  # bgraph platform -> REAPI ISA property
 from build_graph.store.reapi_remote import DIGEST_FUNCTIONS, ReapiRemote
 from build_graph.store.remote import BodyTooLarge, CircuitBreaker, RemoteUnavailable
 
 _EXEC = "/build.bazel.remote.execution.v2.Execution/"
 _OPS = "/google.longrunning.Operations/"
-ISA = {"x86_64": "x86-64", "aarch64": "aarch64"}  # bgraph platform -> REAPI ISA property
 RECONNECT_S = 120.0  # how long a broken Operation stream is waited on (WaitExecution) before giving up
 POLL_S = 5.0  # each Execute/WaitExecution stream is renewed this often, to look at the queue time
 MISSING_ROUNDS = 3  # uploads of MISSING blobs before the action's failure is the server's
@@ -51,13 +50,17 @@ FALLBACK_AFTER = 3  # consecutive failures of the service after which the rest o
 CANCEL_S = 5.0  # how long Ctrl-C waits, in all, for the server to take its CancelOperations
 
 
-def _foreign(action: Action) -> str | None:
-    """This machine's platform, where `action` is for another CPU's (--host-platform), else None."""
+def runs_on(action: Action) -> str:
+    """The platform whose machines run `action` (exec_platform is set only where it differs from
+    the target platform; neither: this machine's)."""
     from build_graph.workspace import host_platform
+    return action.exec_platform or action.platform or host_platform()
 
-    here = host_platform()
-    machine = action.exec_platform or action.platform  # exec_platform is set only where they differ
-    return here if machine and machine != here else None
+
+def _foreign(action: Action) -> bool:
+    """Whether `action` is for another CPU's machines than this one (--host-platform)."""
+    from build_graph.workspace import host_platform
+    return runs_on(action) != host_platform()
 
 
 class RemoteFailure(Exception):
@@ -66,8 +69,7 @@ class RemoteFailure(Exception):
 
 def platform_properties(action: Action) -> list[tuple[str, str]]:
     """The platform an action needs, as REAPI properties (sorted by name)."""
-    from build_graph.workspace import host_platform
-    machine = action.exec_platform or action.platform or host_platform()
+    machine = runs_on(action)
     return sorted([("OSFamily", "Linux"), ("ISA", ISA.get(machine, machine)), ("bgraph-sandbox", SANDBOX_VERSION)])
 
 
@@ -224,8 +226,9 @@ class RemoteRunner:
     def _run_locally(self, action: Action, stamps):
         if _foreign(action):
             # An action for workers of another CPU (--host-platform) never runs on this one.
-            machine = action.exec_platform or action.platform
-            raise ActionFailed(f"an action for an {machine} host cannot run on this {_foreign(action)} machine"
+            from build_graph.workspace import host_platform
+            machine = runs_on(action)
+            raise ActionFailed(f"an action for an {machine} host cannot run on this {host_platform()} machine"
                                + (" (it reads host paths, which are never sent)" if action.host_paths else ""),
                                where=action.name, hint=f"it runs only on {machine} workers "
                                                        f"(`bgraph worker --isa {machine}`)")
@@ -236,7 +239,7 @@ class RemoteRunner:
     def _fall_back(self, action: Action, stamps, error: Exception):
         if not self.local_fallback or _foreign(action):
             raise ActionFailed(f"remote execution failed: {error}", where=action.name,
-                               hint=f"it runs only on {action.exec_platform or action.platform} workers"
+                               hint=f"it runs only on {runs_on(action)} workers"
                                if _foreign(action) else
                                "--remote-local-fallback runs such an action locally instead") from None
         with self._lock:

@@ -747,16 +747,7 @@ class LocalCas:
                             continue
                         matched += 1
                         if isinstance(entry, FileEntry):
-                            st = de.stat(follow_symlinks=False)
-                            if not stat.S_ISREG(st.st_mode):
-                                return False
-                            # A link shares its blob's inode, so its stat is the blob's: the stamp
-                            # the blob was hashed good under (inode, size, mtime, ctime, mode)
-                            # proves both at once.
-                            copy = ".x" if entry.executable else ""  # executables link the .x copy
-                            if stamps.get(entry.digest[2:] + copy) == stat_stamp(st) and st.st_size == entry.size:
-                                continue
-                            if not self.verify(entry) or st.st_ino != os.stat(self._blob_str(entry.digest) + copy).st_ino:
+                            if not self._links_its_blob(entry, de.stat(follow_symlinks=False), stamps):
                                 return False
                         elif isinstance(entry, SymlinkEntry):
                             if not de.is_symlink() or os.readlink(de.path) != entry.target:
@@ -770,6 +761,17 @@ class LocalCas:
         except OSError:
             return False
         return matched == len(entries)
+
+    def _links_its_blob(self, entry: FileEntry, st: os.stat_result, stamps: dict) -> bool:
+        """Whether a materialized file (its lstat `st`) is a sound link of `entry`'s blob. A link
+        shares its blob's inode, so its stat is the blob's: the stamp the blob was hashed good
+        under (inode, size, mtime, ctime, mode) proves both at once."""
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        copy = ".x" if entry.executable else ""  # materialize links executables to the .x copy
+        if stamps.get(entry.digest[2:] + copy) == stat_stamp(st) and st.st_size == entry.size:
+            return True
+        return self.verify(entry) and st.st_ino == os.stat(self._blob_str(entry.digest) + copy).st_ino
 
     def _restamp(self, blobs: set[Path]) -> None:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
