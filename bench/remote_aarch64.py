@@ -2,7 +2,8 @@
 """A Spark's build of a target run here through BuildGrid on an emulating aarch64 worker (issue 36,
 item 4): `bgraph worker --isa aarch64 --qemu <//toolchains:qemu-user's aarch64-binfmt-P>` beside
 the tests' PostgreSQL + bgd stack (tests/remote_exec_servers.py), then `bgraph build --host-platform
-aarch64 --remote-executor` of LABEL (default //toolchains:cuda-13.0) in CACHE. Prints one JSON
+aarch64 --remote-executor` of LABEL (default //toolchains:cuda-13.0) in CACHE, from a copy of this
+repository's workspace (bgraph-out/ goes there, never into the checkout). Prints one JSON
 report: wall, actions run on the worker with their durations, and the ELF machine of every
 executable file of the output (all aarch64 for a native toolchain).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,14 +24,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from bgraph_testlib import workspace_copy  # noqa: E402
 from remote_exec_servers import ExecStack, missing_reason  # noqa: E402
 
 ELF_MACHINES = {0x3E: "x86-64", 0xB7: "aarch64"}
 
 
-def bgraph(cache: Path, *args: str) -> dict:
-    """`bgraph build --json` in this repository's workspace with `cache`; its summary."""
-    p = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(REPO), "--cache-dir", str(cache), "build",
+def bgraph(ws: Path, cache: Path, *args: str) -> dict:
+    """`bgraph build --json` in the workspace `ws` with `cache`; its summary."""
+    p = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws), "--cache-dir", str(cache), "build",
                         "--json", *args], capture_output=True, text=True, cwd=REPO)
     if p.returncode != 0:
         sys.exit(f"bgraph build {' '.join(args)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -61,13 +64,16 @@ def main() -> int:
     if missing_reason():
         sys.exit(missing_reason())
     cache = Path(args.cache)
-    qemu_tree = Path(bgraph(cache, "//toolchains:qemu-user")["outputs"]["//toolchains:qemu-user"])
+    scratch = Path(tempfile.mkdtemp(prefix="remote-aarch64-"))
+    ws = workspace_copy(scratch / "ws")
+    qemu_tree = Path(bgraph(ws, cache, "//toolchains:qemu-user")["outputs"]["//toolchains:qemu-user"])
     qemu = str(qemu_tree / "usr/libexec/qemu-binfmt/aarch64-binfmt-P")
-    stack = ExecStack(Path(tempfile.mkdtemp(prefix="remote-aarch64-")), workers=0)
+    (scratch / "stack").mkdir()
+    stack = ExecStack(scratch / "stack", workers=0)
     try:
         stack.add_worker("spark", slots=args.slots, extra=("--isa", "aarch64", "--qemu", qemu))
         t0 = time.monotonic()
-        summary = bgraph(cache, "--host-platform", "aarch64", "--remote-executor", stack.url, args.label)
+        summary = bgraph(ws, cache, "--host-platform", "aarch64", "--remote-executor", stack.url, args.label)
         wall = time.monotonic() - t0
     finally:
         stack.stop()
@@ -83,6 +89,7 @@ def main() -> int:
         if (out / "bgraph" / "version.txt").exists() else None,
     }
     print(json.dumps(report, indent=1))
+    shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
