@@ -46,33 +46,10 @@ REPO = Path(__file__).resolve().parents[1]
 ELF_MAGIC = b"\x7fELF"
 # The cpuinfo qemu is told to show (two Neoverse-N1 cores): the wheel check's, one copy.
 from vllm_wheel_check import NEOVERSE_N1  # noqa: E402 (bench/ is the script's directory)
+from image_probe import probe_script  # noqa: E402
 # What `vllm --version` stops with where no GPU platform is found (see main).
 NO_DEVICE = "RuntimeError: Failed to infer device type"
-# Runs in the image's CPython under qemu: the imports, vLLM's extension libraries into torch,
-# FlashInfer's AOT modules through tvm_ffi (FlashInfer's own loader), and what was found.
-PROBE = r'''
-import json, pathlib, sys, time
-t = time.monotonic()
-import torch, flashinfer, vllm, tvm_ffi
-imported = round(time.monotonic() - t, 1)
-vdir = pathlib.Path(vllm.__file__).parent
-vlibs = sorted(p.name for p in vdir.glob("_*.so"))
-for name in vlibs:
-    torch.ops.load_library(str(vdir / name))
-aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
-fmods = sorted(d.name for d in aot.iterdir() if (d / f"{d.name}.so").exists()) if aot.is_dir() else []
-for name in fmods:
-    tvm_ffi.load_module(str(aot / name / f"{name}.so"))
-print(json.dumps({"python": sys.version.split()[0], "machine": __import__("platform").machine(),
-                  "torch": torch.__version__, "flashinfer": flashinfer.__version__, "vllm": vllm.__version__,
-                  "vllm_libraries": vlibs, "scaled_fp4_quant": hasattr(torch.ops._C, "scaled_fp4_quant"),
-                  "flashinfer_aot_modules": len(fmods), "import_s": imported,
-                  "site": str(pathlib.Path(torch.__file__).parent.parent),
-                  "module_files": sorted({m.__file__ for m in list(sys.modules.values())
-                                          if isinstance(getattr(m, "__file__", None), str)}),
-                  "mapped": sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
-                                    if len(line.split(None, 5)) == 6 and ".so" in line})}))
-'''
+PROBE = probe_script("_*.so")  # run under qemu
 
 
 def fail(msg: str) -> None:

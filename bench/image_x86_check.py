@@ -44,37 +44,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from image_load import docker_cli_load  # noqa: E402 (bench/ is the script's directory)
+from image_probe import probe_script  # noqa: E402
 
 from build_graph.oci import image  # noqa: E402
 from build_graph.oci.load import connect, load  # noqa: E402
 
 NO_DEVICE = "Failed to infer device type"
 STUB_DIR = "/opt/bgraph-driver-stub"  # where the container sees the driver stub (read-only)
-# Runs in the image's CPython: the imports, vLLM's extension libraries into torch, FlashInfer's
-# AOT modules through tvm_ffi (FlashInfer's own loader), and what was found.
-PROBE = r'''
-import json, os, pathlib, platform, sys, time
-t = time.monotonic()
-import torch, flashinfer, vllm, tvm_ffi
-imported = round(time.monotonic() - t, 1)
-vdir = pathlib.Path(vllm.__file__).parent
-vlibs = sorted(p.name for p in vdir.glob("*.so"))
-for name in vlibs:
-    torch.ops.load_library(str(vdir / name))
-aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
-fmods = sorted(d.name for d in aot.iterdir() if (d / f"{d.name}.so").exists()) if aot.is_dir() else []
-for name in fmods:
-    tvm_ffi.load_module(str(aot / name / f"{name}.so"))
-mapped = sorted({line.split(None, 5)[5].strip() for line in open("/proc/self/maps")
-                 if len(line.split(None, 5)) == 6 and ".so" in line})
-print(json.dumps({"python": sys.version.split()[0], "machine": platform.machine(),
-                  "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
-                  "flashinfer": flashinfer.__version__, "flashinfer_jit_disabled": os.environ.get("FLASHINFER_DISABLE_JIT"),
-                  "vllm": vllm.__version__, "vllm_libraries": vlibs,
-                  "scaled_fp4_quant": hasattr(torch.ops._C, "scaled_fp4_quant"),
-                  "flashinfer_aot_modules": len(fmods), "import_s": imported,
-                  "libraries_mapped": len(mapped), "libcuda": [m for m in mapped if "libcuda" in m]}))
-'''
+PROBE = probe_script("*.so")
 
 
 def fail(msg: str) -> None:
@@ -235,6 +212,9 @@ def main() -> None:
         probe = {}
         if rc == 0:
             probe = report["probe"] = json.loads(logs.strip().splitlines()[-1])
+            mapped = probe.pop("mapped")
+            probe["modules_loaded"] = len(probe.pop("module_files"))
+            probe["libraries_mapped"], probe["libcuda"] = len(mapped), [m for m in mapped if "libcuda" in m]
         else:
             report["probe_error"] = logs[-3000:]
         say(f"probe exit {rc} in {secs:.0f} s")
