@@ -42,6 +42,15 @@ class Later:
 # must not keep the cores waiting (a genrule's plan is ~0.3 ms; 50 ms is ~150 of them).
 HOLD_S = 0.05
 
+# The priority of the job each job thread runs: a runner that hands the job's work to another
+# queue (remote execution: REAPI's ExecutionPolicy.priority) passes the same order on.
+_job = threading.local()
+
+
+def running_priority() -> float:
+    """The priority the job running on this thread was submitted with (0.0 off a job's thread)."""
+    return getattr(_job, "priority", 0.0)
+
 
 class Scheduler:
     """At most `jobs` jobs at once, and the sum of their declared memory kept under `max_mem_mb`
@@ -112,12 +121,12 @@ class Scheduler:
                 if not self._fits(item[3]):
                     passed.append(item)
                     continue
-                self._start(item[2], item[3], item[4])
+                self._start(item[2], item[3], item[4], -item[0])
         finally:
             for item in passed:
                 heapq.heappush(self._pending, item)
 
-    def _start(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
+    def _start(self, fn: Callable[[], Any], mem: int, fut: Future, priority: float = 0.0) -> None:
         """Take a slot and `mem` for `fn` and start its thread (called with the lock held)."""
         started = False
         try:
@@ -125,7 +134,7 @@ class Scheduler:
             self._mem += mem
             self.peak_running = max(self.peak_running, self._running)
             self.peak_mem_mb = max(self.peak_mem_mb, self._mem)
-            t = threading.Thread(target=self._work, args=(fn, mem, fut), daemon=True)
+            t = threading.Thread(target=self._work, args=(fn, mem, fut, priority), daemon=True)
             self._threads.append(t)
             t.start()
             started = True
@@ -138,7 +147,8 @@ class Scheduler:
                 self._mem -= mem
                 fut.cancel()
 
-    def _work(self, fn: Callable[[], Any], mem: int, fut: Future) -> None:
+    def _work(self, fn: Callable[[], Any], mem: int, fut: Future, priority: float = 0.0) -> None:
+        _job.priority = priority
         later = None
         try:
             if fut.set_running_or_notify_cancel():

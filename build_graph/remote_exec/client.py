@@ -21,6 +21,11 @@ REMOTE-EXEC.md's client rules:
   local_fallback it runs locally (one warning line). A non-zero exit is an ordinary failure of
   the action, as it is locally: never a reason to fall back.
 Outputs are fetched into the local CAS when the action completes (eagerly: every output).
+
+Each Execute carries the action's place in bgraph's own queue (priority.py, through the
+scheduler's job thread) as ExecutionPolicy.priority (queue_priority.py: lower = sooner), so that
+with more Executes in flight than the fleet has slots the server's queue also starts the longest
+path first. It is in the ExecuteRequest only: the Action, and so every key, never holds it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from build_graph.errors import ActionFailed, LoadError
 from build_graph.model import Action, ActionResult, DirEntry, FileEntry, SymlinkEntry, Tree
 from build_graph.remote_exec.input_root import (DigestMap, Encoded, Encoder, NotRemotable, local_blob_path,
                                                 out_relative, output_paths, working_directory)
+from build_graph.remote_exec.queue_priority import reapi_priority, sent
 from build_graph.remote_exec.worker import ISA, SANDBOX_VERSION  # bgraph platform -> REAPI ISA property
+from build_graph.scheduler import running_priority
 from build_graph.store.reapi_remote import DIGEST_FUNCTIONS, ReapiRemote
 from build_graph.store.remote import BodyTooLarge, CircuitBreaker, RemoteUnavailable
 
@@ -164,9 +171,12 @@ class RemoteRunner:
             raise ActionFailed("interrupted", where=action.name)
         if self._given_up:
             return self._run_locally(action, stamps)
+        # Read here, on the scheduler's thread for this action (0 elsewhere: the server's default).
+        priority = reapi_priority(running_priority()) if sent() else 0
         try:
             self._connect()
             prepared = self._prepare(action)
+            prepared["priority"] = priority
         except NotRemotable:
             return self._run_locally(action, stamps)
         except RemoteFailure as e:
@@ -442,7 +452,8 @@ class RemoteRunner:
         wait = self.remote._method(_EXEC + "WaitExecution", pb.WaitExecutionRequest, self.ops_pb.Operation, "read")
         h, size = prepared["action"]
         request = pb.ExecuteRequest(instance_name=self.remote.instance, action_digest=pb.Digest(hash=h, size_bytes=size),
-                                    skip_cache_lookup=self.skip_cache_lookup, digest_function=self.remote.function)
+                                    skip_cache_lookup=self.skip_cache_lookup, digest_function=self.remote.function,
+                                    execution_policy=pb.ExecutionPolicy(priority=prepared.get("priority", 0)))
         platform = prepared["platform"]
         queued_since = time.monotonic()
         name, stage, broken_since = "", 0, None
