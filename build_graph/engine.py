@@ -292,6 +292,12 @@ class Engine:
         from build_graph.store import memo
 
         record = recording.of_build(self.cache_dir, summary, links, self.probed_host_tools())
+        if record is not None and result.memo:
+            # A source the scan leaves out (under .git/ or __pycache__/) shows no stamp: the record
+            # takes it as always changed, as a racily clean file, so the next build replans what
+            # reads it (the memo marks those targets volatile) instead of answering "up to date".
+            unseen = {p for e in result.memo.values() for p in e.sources if p not in record.files}
+            record.racy = sorted(unseen.union(record.racy))
         entries = memo.encode(result.memo, record.files) if record is not None and result.memo else None
         self.state.put_record(recording.request.digest, record and record.to_bytes(), entries,
                               recording.request.family)

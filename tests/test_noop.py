@@ -88,6 +88,27 @@ def test_an_added_file_a_glob_reads_rebuilds(make_ws):
     assert ws.read_output("//p:g", "n.txt").strip() == "2"
 
 
+def test_a_source_under_a_directory_the_scan_leaves_out_is_never_taken_as_unchanged(make_ws):
+    """The scan skips .git/ and __pycache__/ (their churn would spoil every record), so a target
+    that reads a file there (a version stamped from .git/HEAD) must not be answered from the record:
+    the record takes such a source as always changed, and the build replans that target."""
+    files = {**FILES, ".git/HEAD": "ref: refs/heads/main\n", "py/__pycache__/data.txt": "one\n",
+             "targets/v.toml": '[version]\nkind = "genrule"\nsrcs = [".git/HEAD", "py/**"]\nouts = ["v.txt"]\n'
+                               'cmd = "cat $SRC/.git/HEAD $SRC/py/__pycache__/data.txt > $OUT/v.txt"\n'}
+    ws = make_ws(files)
+    age(ws.root)
+    build(ws, "//v:version")
+    assert UP_TO_DATE not in build(ws, "//v:version").stderr  # nothing changed: the target is replanned, a hit
+    ws.write({".git/HEAD": "ref: refs/heads/release\n", "py/__pycache__/data.txt": "two\n"})
+    age(ws.root, 20)
+    run = build(ws, "//v:version")
+    assert UP_TO_DATE not in run.stderr and "executed 1" in run.stderr, run.stderr
+    assert ws.read_output("//v:version", "v.txt") == "ref: refs/heads/release\ntwo\n"
+    # Other requests keep their records.
+    build(ws, "//p:a")
+    assert UP_TO_DATE in build(ws, "//p:a").stderr
+
+
 def test_an_edited_target_file_rebuilds(make_ws):
     ws = ready(make_ws, "//p:a")
     toml = (ws.root / "targets/p.toml").read_text().replace("$SRC/in.txt $SRC/in.txt", "$SRC/in.txt")
