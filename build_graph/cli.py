@@ -514,6 +514,18 @@ def cmd_py(args, console: Console) -> int:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
+def count(text: str) -> int:
+    """A whole number of at least 1 (-j, --max-mem, --check-sample, --slots): 0 or a negative is a
+    usage error, not a silent default."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: give at least 1")
+    return n
+
+
 def parse_size(text: str) -> int:
     """'500M', '20G', '1.5T' or plain bytes -> bytes (powers of 1024: 20G is 20 GiB), through
     pydantic's ByteSize; 'inf', negative and unitless-garbage sizes are usage errors."""
@@ -623,11 +635,11 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="build targets")
     b.add_argument("targets", nargs="+", help="labels or patterns (//pkg:name, //pkg:all, //...)")
-    b.add_argument("-j", "--jobs", type=int, help="parallel actions (default: cores)")
-    b.add_argument("--max-mem", type=int, help="memory budget in MiB for running actions (default: 80%% of RAM)")
+    b.add_argument("-j", "--jobs", type=count, help="parallel actions (default: cores)")
+    b.add_argument("--max-mem", type=count, help="memory budget in MiB for running actions (default: 80%% of RAM)")
     b.add_argument("-k", "--keep-going", action="store_true", help="build what can be built after a failure")
     b.add_argument("--check", action="store_true", help="re-execute cached actions and report differing outputs")
-    b.add_argument("--check-sample", type=int, metavar="N", help="like --check, for N sampled actions")
+    b.add_argument("--check-sample", type=count, metavar="N", help="like --check, for N sampled actions")
     b.add_argument("--check-against", metavar="CACHE_DIR",
                    help="compare every action's output with the result another cache holds for the same key")
     b.add_argument("-n", "--dry-run", action="store_true",
@@ -687,8 +699,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="the whole report as JSON")
     a.add_argument("--only", action="append", metavar="PATTERN",
                    help="audit only hunks whose id (PATCH#N) or patch path matches (fnmatch; repeatable)")
-    a.add_argument("-j", "--jobs", type=int, help="parallel actions (default: cores)")
-    a.add_argument("--max-mem", type=int, help="memory budget in MiB for running actions (default: 80%% of RAM)")
+    a.add_argument("-j", "--jobs", type=count, help="parallel actions (default: cores)")
+    a.add_argument("--max-mem", type=count, help="memory budget in MiB for running actions (default: 80%% of RAM)")
     a.set_defaults(fn=cmd_audit)
 
     c = sub.add_parser("cache", help="gc: collect the cache; verify: re-hash it; keygen: a signing key")
@@ -730,7 +742,7 @@ def parser() -> argparse.ArgumentParser:
     wk = sub.add_parser("worker", help="run remote execution leases from a REAPI server's Bots service "
                                        "(BuildGrid) in bgraph's sandbox, one per slot")
     wk.add_argument("--server", required=True, metavar="grpc://HOST:PORT[/INSTANCE]")
-    wk.add_argument("--slots", type=int, default=1, help="actions run at once (one bot each; default 1)")
+    wk.add_argument("--slots", type=count, default=1, help="actions run at once (one bot each; default 1)")
     wk.add_argument("--work-dir", help="where leases are staged (default: CACHE/leases)")
     wk.add_argument("--cache", help="the worker's own CAS (default: $BGRAPH_CACHE or ~/.cache/bgraph, /worker)")
     wk.add_argument("--digest-function", choices=["sha256", "blake3"],

@@ -66,8 +66,8 @@ def state_file(flag: str | None, root: Path) -> Path | None:
 
         try:
             raw = tomllib.loads(data.decode())
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-            return None
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+            return None  # the build reports it
     try:
         configured = None if chosen_cache(flag, root) else raw.get("defaults", {}).get("cache_dir")
         digest_function = raw.get("workspace", {}).get("digest_function", "blake3")

@@ -280,9 +280,32 @@ def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:
         raise LoadError(f"not valid UTF-8: byte {e.start} (line {line}) is {data[e.start:e.start + 1]!r}",
                         where=f"{rel}:{line}", hint="TOML files must be UTF-8; re-save the file as UTF-8") from None
     try:
-        return tomllib.loads(text), text
+        parsed = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise LoadError(f"malformed TOML: {e}", where=rel) from None
+    except RecursionError:  # tomllib parses arrays and inline tables recursively
+        parsed = None
+    if parsed is None or _too_deep(parsed):
+        raise LoadError(f"malformed TOML: values nested more than {MAX_NESTING} deep", where=rel,
+                        hint="no bgraph setting nests arrays or inline tables that deep; flatten the value") from None
+    return parsed, text
+
+
+MAX_NESTING = 32  # far beyond any setting, far below what the recursive code after the parse allows
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests tables or arrays more than MAX_NESTING deep (checked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return True
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+    return False
 
 
 def package_of(rel: Path) -> str:

@@ -60,6 +60,20 @@ CASES = {
         {"targets/d.toml": '[sys]\nkind = "deb_packages"\nlock = "d.lock.json"\npackages = ["hello"]\n',
          "d.lock.json": '{"lock_version": 1, "platforms": {"x86_64": {"packages": [{"package": 1}]}, '
                         '"aarch64": {"packages": [{"package": 1}]}}}'}, ["build", "//d:sys"]),
+    "TOML nested past the parser's recursion": ({"targets/p.toml": GENRULE + "z = " + "[" * 1000 + "]" * 1000 + "\n"},
+                                                ["build", "//p:a"]),
+    "WORKSPACE.toml nested deeply, for query": (
+        {"WORKSPACE.toml": '[workspace]\nname = "t"\nx = ' + "{a=" * 1000 + "}" * 1000 + "\n",
+         "targets/p.toml": GENRULE}, ["query", "//..."]),
+    "TOML nested 100 deep": ({"targets/p.toml": GENRULE + "z = " + "[" * 100 + "]" * 100 + "\n"}, ["build", "//p:a"]),
+    "tools naming a target that is no system": (
+        {"targets/p.toml": GENRULE + '[b]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\ntools = ":a"\n'},
+        ["build", "//p:b"]),
+    "NUL byte in a command": ({"targets/p.toml": GENRULE.replace("echo a", "echo a\\u0000b")}, ["build", "//p:a"]),
+    "-j 0": ({"targets/p.toml": GENRULE}, ["build", "-j", "0", "//p:a"]),
+    "-j negative": ({"targets/p.toml": GENRULE}, ["build", "-j", "-1", "//p:a"]),
+    "--max-mem negative": ({"targets/p.toml": GENRULE}, ["build", "--max-mem", "-5", "//p:a"]),
+    "--check-sample negative": ({"targets/p.toml": GENRULE}, ["build", "--check-sample", "-3", "//p:a"]),
 }
 
 

@@ -122,6 +122,11 @@ class RuleContext:
         `discovery`: how it is matched where keyed on less than all it reads (incremental/discovery.py)."""
         full_env = dict(BASE_ENV)
         full_env.update(env or {})
+        argv = list(argv)
+        if any("\0" in a for a in argv) or any("\0" in k or "\0" in v for k, v in full_env.items()):
+            # no process can be given one: exec would fail with "embedded null byte"
+            raise self.fail(f"{name}: the command or its environment holds a NUL byte",
+                            hint="remove the \\0 (\\u0000 in TOML) from the command")
         mounts = dict(inputs)
         toolchain_digest = None
         if toolchain is not None:
@@ -143,6 +148,10 @@ class RuleContext:
                     raise self.fail("two different system roots for one action (its tools and its "
                                     "toolchain's host)", hint="give the toolchain and the target the same root")
                 continue
+            if "host_paths" not in info:
+                raise self.fail("tools/host names a target that is no system to run on (neither deb_packages "
+                                "nor host_tools)", "tools",
+                                hint="name a deb_packages or host_tools target, e.g. tools = \"//toolchains:host\"")
             host_paths = tuple(sorted(set(host_paths) | set(info["host_paths"])))
             host_tools = tuple(sorted(set(host_tools) | {HostTool(*t) for t in info["host_tools"]},
                                       key=lambda t: t.path))
