@@ -13,12 +13,14 @@ export FLASHINFER_DISABLE_JIT=1 FLASHINFER_WORKSPACE_BASE=/tmp/jit-empty FLASHIN
 mkdir -p /tmp/jit-empty && chmod 555 /tmp/jit-empty
 nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 python3 - <<'PY' 2>&1 | tee $OUT/load.txt
-import pathlib, flashinfer, tvm_ffi
+import ctypes, os, pathlib, flashinfer, tvm_ffi
 from flashinfer.jit import env
 aot = pathlib.Path(flashinfer.__file__).parent / "data" / "aot"
 print("flashinfer", flashinfer.__version__, flashinfer.__file__)
 for d in sorted(aot.iterdir()):
     arts = env.get_aot_artifacts(d.name)
+    # Binding every symbol now: one the link left unbound (a driver call) fails here, not mid-test.
+    ctypes.CDLL(str(d / f"{d.name}.so"), mode=os.RTLD_NOW)
     tvm_ffi.load_module(str(d / f"{d.name}.so"))
     print("loaded", d.name, "found" if arts and str(arts[0].path).startswith(str(aot)) else "NOT FOUND")
 PY
