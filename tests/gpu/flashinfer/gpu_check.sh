@@ -30,6 +30,6 @@ if [ -n "$PICK" ]; then
     cp $IDS $IDS.tsv $OUT/
 fi
 timeout ${PYTEST_LIMIT:-420} python3 run_ids.py $IDS -q -rs -p no:cacheprovider -n 8 --junitxml=$OUT/junit.xml 2>&1 | tee $OUT/pytest.log | tail -n 60
-echo "jit dir after: $(ls -A /tmp/jit-empty | wc -l) entries"
+echo "jit dir after: $(ls -A /tmp/jit-empty | wc -l) entries, $(find /tmp/jit-empty -type f | wc -l) files"; find /tmp/jit-empty | head -n 20
 # Each module's cubin archs and its kernel count (a module whose kernels were compiled out would show 0).
 for so in /tmp/site/flashinfer/data/aot/*/*.so; do echo "$(basename $so): $(cuobjdump --list-elf $so | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')$(cuobjdump -res-usage $so 2>/dev/null | grep -c Function) kernels"; done | tee $OUT/archs.txt
