@@ -45,22 +45,15 @@ def run(work: Path, rounds: int, in_flight: int = 8) -> dict[str, Any]:
     """The builds, in rotating order, `rounds` times each; returns every row and the medians."""
     compared = modes(in_flight)
     sys.path[:0] = [str(HERE), str(REPO / "tests"), str(REPO)]
-    from bgraph_testlib import copy_toolchains
     from remote_exec_servers import ExecStack, missing_reason
-    from remote_scaling import _bgraph, order_targets
+    from remote_scaling import _bgraph, order_workspace
     if missing_reason():
         raise SystemExit(f"error: {missing_reason()}")
     work.mkdir(parents=True, exist_ok=True)
     ws, cache = work / "ws", work / "cache"
     for old in (ws, cache, work / "stack"):
         shutil.rmtree(old, ignore_errors=True)
-    copy_toolchains(ws)
-    (ws / "targets" / "sim.toml").write_text(order_targets())
-    (ws / "targets" / "warm.toml").write_text("\n".join(
-        f'[warm{w}]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 1; echo warm{w} > $OUT/o"\n' for w in range(4)))
-    (ws / "common.txt").write_text("0\n")
-    # z3 first: the configured walk then lists z1 after every short chain's head.
-    tips = ["//sim:z3"] + [f"//sim:a{c}-4" for c in range(6)]
+    tips = order_workspace(ws)
     out: dict[str, Any] = {"workload": {"chain_s": 9.0, "short_s": 24 * 0.4, "actions": 27, "workers": 2, "slots": 1},
                            "runs": []}
     stack = ExecStack(work / "stack", workers=2)

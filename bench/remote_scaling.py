@@ -719,6 +719,20 @@ def run_check(work: Path, settings=((0.06, 0.19), (0.06, 0.40))) -> dict[str, An
 
 # -- FIFO against bgraph's priority, real builds -------------------------------------------------
 
+def order_workspace(ws: Path) -> list[str]:
+    """Write the ordering workload's workspace at `ws` (order_targets, four warm-up genrules, the
+    pinned toolchains); returns the targets to build, z3 first: the configured walk then lists z1
+    after every short chain's head (FIFO's worst)."""
+    sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+    from bgraph_testlib import copy_toolchains
+    copy_toolchains(ws)
+    (ws / "targets" / "sim.toml").write_text(order_targets())
+    (ws / "targets" / "warm.toml").write_text("\n".join(
+        f'[warm{w}]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 1; echo warm{w} > $OUT/o"\n' for w in range(4)))
+    (ws / "common.txt").write_text("0\n")
+    return ["//sim:z3"] + [f"//sim:a{c}-4" for c in range(6)]
+
+
 def order_targets(chain_s: float = 3.0, short_s: float = 0.4, chains: int = 6, depth: int = 4) -> str:
     """The order workload (tests/test_priority.py's shape): a chain z1 -> z2 -> z3 of `chain_s`
     steps beside `chains` chains of `depth` steps of `short_s`; each step echoes its name (no two
@@ -740,18 +754,10 @@ def run_order(work: Path, rounds: int = 2, remote: bool = True) -> dict[str, Any
     turn, `rounds` times: locally at -j2, and through BuildGrid with 2 workers of 1 slot
     (`-j1 --remote-jobs 2`: the client's queue, not BuildGrid's, decides the order)."""
     import shutil
-    sys.path[:0] = [str(REPO / "tests"), str(REPO)]
-    from bgraph_testlib import copy_toolchains
     work.mkdir(parents=True, exist_ok=True)
     ws = work / "ws"
     shutil.rmtree(ws, ignore_errors=True)
-    copy_toolchains(ws)
-    (ws / "targets" / "sim.toml").write_text(order_targets())
-    (ws / "targets" / "warm.toml").write_text("\n".join(
-        f'[warm{w}]\nkind = "genrule"\nouts = ["o"]\ncmd = "sleep 1; echo warm{w} > $OUT/o"\n' for w in range(4)))
-    (ws / "common.txt").write_text("0\n")
-    # z3 first: the configured walk then lists z1 after every short chain's head (FIFO's worst).
-    tips = ["//sim:z3"] + [f"//sim:a{c}-4" for c in range(6)]
+    tips = order_workspace(ws)
     base = work / "base-cache"
     _bgraph(ws, base, "//toolchains:host")  # the pinned /usr (fetched once), in every copy below
     out: dict[str, Any] = {"workload": {"chain_s": 9.0, "short_s": 24 * 0.4, "actions": 27}, "runs": []}
