@@ -45,9 +45,12 @@ never narrowed. Its soundness contract:
    place of `x.h` when it finds one, and its depfile then names neither (`precompiled`,
    checked by the importer, which knows the trees).
 
-What remains outside the contract, as for bgraph's own `-MD` steps: a file an assembler
-directive reads (`asm(".incbin \\"x\\"")`), and `__has_include` of a header that did not exist
-(the name check in rebuilder.py catches a new file shadowing one that did).
+What a depfile cannot name is looked after by the rebuilder (incremental/discovery.py), as for
+bgraph's own `-MD` steps: every name on a path read, and every name `__has_include` asks for
+(directly or through a wrapper macro), is recorded for each narrowed mount, present or not, so a
+file, directory or link of that name appearing anywhere there makes the entry stale; a file read
+that holds an assembler `.incbin` (whose file no depfile names) or a `__has_include` of a computed
+name keeps the mount whole.
 
 nvcc compiles are not run as written: `compile_tu` decomposes them into nvcc's own steps and
 appends its own `-MD` to each preprocessing step. `nvcc_dependency_free(args)` removes nvcc's

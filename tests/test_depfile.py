@@ -185,3 +185,72 @@ def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path)
         assert reads(proves_nothing) == whole, proves_nothing
     # /bgraph/src/link/../other.h is inc/../other.h: not /bgraph/src/other.h.
     assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/link/../other.h\n") == whole
+
+
+def _discovery_case(tmp_path, src: dict, ext: dict, depfile: str):
+    """(rebuilder, an action narrowed by depfile over /bgraph/src, with /bgraph/ext/e whole, the
+    manifest entry of its run whose depfile says `depfile`, a maker of the same action over new trees)."""
+    from build_graph.incremental.discovery import Depfile
+    from build_graph.model import Action, Digester, SymlinkEntry, Tree
+    from build_graph.rebuilder import Rebuilder
+    from build_graph.store.action_cache import LocalActionCache
+    from build_graph.store.cas import LocalCas
+
+    digester = Digester()
+    cas = LocalCas(tmp_path / "cache", digester)
+    rebuilder = Rebuilder(cas, LocalActionCache(cas.base, cas.tmp), digester)
+
+    def tree(files: dict) -> Tree:
+        return Tree({p: SymlinkEntry(v[1:]) if v.startswith("@") else cas.put_bytes(v.encode()) for p, v in files.items()})
+
+    def action(src_files: dict, ext_files: dict = ext) -> Action:
+        return Action("compile a.o", "CmakeCompile", argv=("/bin/true",),
+                      inputs=(("/bgraph/ext/e", tree(ext_files)), ("/bgraph/src", tree(src_files))),
+                      outputs=("a.o", "a.o.d"), discovery=Depfile(("/bgraph/src",), ("a.o.d",)))
+
+    first = action(src)
+    out = Tree({"a.o": cas.put_bytes(b"obj"), "a.o.d": cas.put_bytes(depfile.encode())})
+    return rebuilder, first, first.discovery.reads(rebuilder.files, first, out), action
+
+
+def test_a_new_file_shadowing_one_read_from_another_mount_makes_the_entry_stale(tmp_path):
+    """x.h was found in a mount that is not narrowed (-I src/inc comes first but held no x.h): a
+    file of that name appearing in the narrowed mount may be what the next run finds (red team)."""
+    rebuilder, first, entry, action = _discovery_case(
+        tmp_path, {"a.cpp": '#include "x.h"', "inc/keep.h": ""}, {"inc/x.h": "#define X 1"},
+        "a.o: /bgraph/src/a.cpp /bgraph/ext/e/inc/x.h\n")
+    assert first.discovery.differences(rebuilder.files, first, entry) == ([], [])
+    unrelated = action({"a.cpp": '#include "x.h"', "inc/keep.h": "", "notes.txt": "x"})
+    assert first.discovery.differences(rebuilder.files, unrelated, entry) == ([], [])
+    shadow = action({"a.cpp": '#include "x.h"', "inc/keep.h": "", "inc/x.h": "#define X 2"})
+    changed, other = first.discovery.differences(rebuilder.files, shadow, entry)
+    assert any("may shadow an included x.h" in o for o in other), other
+
+
+def test_a_directory_link_that_redirects_an_include_makes_the_entry_stale(tmp_path):
+    """`#include "sub/y.h"` found at inc/sub/y.h; a link inc2/sub -> ../other (with -I inc2 first)
+    would make the same #include read other/y.h: no file name changes, a directory's does."""
+    rebuilder, first, entry, action = _discovery_case(
+        tmp_path, {"a.cpp": '#include "sub/y.h"', "inc/sub/y.h": "1", "other/y.h": "2"}, {},
+        "a.o: /bgraph/src/a.cpp /bgraph/src/inc/sub/y.h\n")
+    linked = action({"a.cpp": '#include "sub/y.h"', "inc/sub/y.h": "1", "other/y.h": "2", "inc2/sub": "@../other"})
+    changed, other = first.discovery.differences(rebuilder.files, linked, entry)
+    assert any("inc2/sub" in o for o in other), other
+
+
+def test_has_include_of_an_absent_file_and_incbin_are_looked_after(tmp_path):
+    """A header read asks `__has_include("opt.h")` (directly, or through a wrapper macro another
+    header defines, as CCCL's _CCCL_HAS_INCLUDE): opt.h appearing makes the entry stale. A file
+    read that holds an assembler .incbin (whose file no depfile names) keeps the mount whole."""
+    rebuilder, first, entry, action = _discovery_case(
+        tmp_path, {"a.cpp": '#include "w.h"\n#if MY_HAS(<opt.h>)\n#endif\n', "w.h": ""},
+        {"inc/def.h": "#define MY_HAS(_X) __has_include(_X)\n#if __has_include(\"cfg/lit.h\")\n#endif\n"},
+        "a.o: /bgraph/src/a.cpp /bgraph/src/w.h /bgraph/ext/e/inc/def.h\n")
+    assert entry["reads"]["/bgraph/src"].keys() == {"a.cpp", "w.h"}  # still narrowed
+    for added in ("opt.h", "cfg/lit.h"):
+        files = {"a.cpp": '#include "w.h"\n#if MY_HAS(<opt.h>)\n#endif\n', "w.h": "", added: ""}
+        _changed, other = first.discovery.differences(rebuilder.files, action(files), entry)
+        assert any("may shadow" in o for o in other), (added, other)
+    _r, _f, incbin, _a = _discovery_case(tmp_path / "b", {"a.cpp": 'asm(".incbin \\"blob.bin\\"");', "blob.bin": "x"},
+                                         {}, "a.o: /bgraph/src/a.cpp\n")
+    assert list(incbin["reads"]["/bgraph/src"]) == ["*"]

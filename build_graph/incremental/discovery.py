@@ -21,6 +21,8 @@ This module knows keys, stored blobs and traces, never rules.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
@@ -28,7 +30,7 @@ from typing import Any, Callable
 from build_graph import macro_use
 from build_graph.cpp_view import Macros, command_macros, defined_names, view
 from build_graph.depfile import absolute, parse_depfile, stepped_out_of
-from build_graph.model import Action, Digester, DirEntry, FileEntry, Tree
+from build_graph.model import Action, Digester, DirEntry, FileEntry, SymlinkEntry, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 
 
@@ -59,6 +61,94 @@ def _through_link(dep: str, cwd: str, root: str, tree: Tree) -> bool:
     return False
 
 
+# What a file read can make the preprocessor or the assembler look for beyond its depfile:
+# `__has_include("x.h")` of a file that is absent names nothing in the depfile, and an assembler
+# `.incbin` reads a file no depfile names at all. Headers wrap __has_include in a macro of their
+# own (CCCL: `#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)`): such a definition names the
+# wrapper, whose uses (in any file the step read) are then looked up as __has_include's are.
+_HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
+_WRAPPER = re.compile(rb"#[ \t]*define[ \t]+(\w+)[ \t]*\(([^)\n]*)\)[^\n]*?__has_include(?:_next)?\s*\(\s*(\w+)\s*\)")
+_INCBIN = re.compile(rb"\.incbin\b")
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What one file read makes a compile look for that no depfile names (Contents.lookups)."""
+
+    names: frozenset[str]  # components of the literal operands of __has_include (and of wrappers' uses)
+    wrappers: frozenset[str]  # macros this file defines as __has_include of a parameter
+    opaque: bool  # an operand that is no literal (a macro), or an .incbin: nothing can be told
+
+
+NOTHING = Lookups(frozenset(), frozenset(), False)
+
+
+def _followed(tree: Tree, rel: str, hops: int = 40):
+    """The entry at `rel` in `tree`, symbolic links inside the tree followed (None: absent, or a
+    link leaving the tree or looping)."""
+    parts = rel.split("/")
+    i = 0
+    while i < len(parts):
+        here = "/".join(parts[:i + 1])
+        entry = tree.entries.get(here)
+        if isinstance(entry, SymlinkEntry):
+            hops -= 1
+            if hops < 0 or entry.target.startswith("/"):
+                return None
+            joined = posixpath.normpath(posixpath.join(posixpath.dirname(here), entry.target))
+            if joined == ".." or joined.startswith("../"):
+                return None
+            parts = (joined.split("/") if joined != "." else []) + parts[i + 1:]
+            i = 0
+            continue
+        i += 1  # a file, a directory entry, or a directory the tree holds only by its files
+    return tree.entries.get("/".join(parts))
+
+
+def _followed_in(tree: Tree, rel: str):
+    """_followed, memoized on the tree (one tree, e.g. the toolkit's, serves every action of a build)."""
+    memo = tree.__dict__.get("_followed")
+    if memo is None:
+        memo = tree.__dict__["_followed"] = {}
+    if rel not in memo:
+        memo[rel] = _followed(tree, rel)
+    return memo[rel]
+
+
+def _uses(data: bytes, macro: bytes) -> re.Pattern:
+    return re.compile(rb"\b" + re.escape(macro) + rb"\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
+
+
+def _components(path: str) -> list[str]:
+    """Every name on a path: a file, directory or link of one of these names appearing elsewhere
+    in a narrowed mount could redirect the lookup that found it (-I order, a directory link)."""
+    return [c for c in path.split("/") if c not in ("", ".", "..")]
+
+
+def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
+    """Lookups of one file's bytes."""
+    names: set[str] = set()
+    defined: set[str] = set()
+    opaque = bool(_INCBIN.search(data))
+    if b"__has_include" in data:
+        wrapped = {m.start(3): m.group(1).decode() for m in _WRAPPER.finditer(data)
+                   if m.group(3) in [p.strip() for p in m.group(2).split(b",")]}
+        defined.update(wrapped.values())
+        for m in _HAS_INCLUDE.finditer(data):
+            if m.group(1):
+                names.update(_components(m.group(1).decode(errors="replace")))
+            elif m.start(2) not in wrapped:
+                opaque = True
+    for macro in wrappers:
+        if macro.encode() in data:
+            for m in _uses(data, macro.encode()).finditer(data):
+                if m.group(1):
+                    names.update(_components(m.group(1).decode(errors="replace")))
+                elif m.group(2) not in [p.strip() for d in _WRAPPER.finditer(data) for p in d.group(2).split(b",")]:
+                    opaque = True  # a wrapper used with a macro operand (not in another wrapper's definition)
+    return Lookups(frozenset(names), frozenset(defined), opaque)
+
+
 class Contents:
     """What strategies read of stored files: an output tree's depfiles and macro record, blobs
     checked against their digests, and memos of views and defined names (one header, many TUs
@@ -68,6 +158,8 @@ class Contents:
         self.cas, self.digester = cas, digester
         self._defines: dict[str, frozenset[str]] = {}  # digest or host path -> defined_names
         self._views: dict[tuple, str | None] = {}  # (content digest, macros) -> digest of its view
+        self._probes: dict[tuple, Lookups | None] = {}  # (digest or host path, wrappers) -> lookups
+        self.wrappers: frozenset[str] = frozenset()  # __has_include wrapper macros met so far (reads)
 
     def depfile(self, tree: Tree, path: str) -> list[str] | None:
         """What the depfile at `path` of an output tree names (None: not a file there)."""
@@ -124,6 +216,42 @@ class Contents:
             names = self._defines[digest] = defined_names(data)
         return names
 
+    def lookups(self, action: Action, path: str, wrappers: frozenset[str] = frozenset()) -> Lookups | None:
+        """What the file at sandbox `path` makes a compile look for that no depfile names, with the
+        uses of `wrappers` (macros other files define as __has_include) looked up too (memoized by
+        digest or host path); None if the file cannot be read (the caller takes the worst)."""
+        key, read = self._locate(action, path)
+        if key is None:
+            return None
+        if read is None:
+            return NOTHING
+        memo_key = (key, wrappers)
+        if memo_key not in self._probes:
+            data = read()
+            self._probes[memo_key] = None if data is None else _lookups(data, wrappers)
+        return self._probes[memo_key]
+
+    def _locate(self, action: Action, path: str):
+        """(memo key, reader of the bytes) of the file at sandbox `path`: an input's blob (links
+        inside the tree followed) or a host path; ("", None) where no mount holds `path` (the
+        sandbox has no such file to read); (None, None) where it cannot be told."""
+        for mount, tree in action.inputs:
+            for root in _roots(action, mount):
+                if path.startswith(root + "/"):
+                    entry = _followed_in(tree, path[len(root) + 1:])
+                    if not isinstance(entry, FileEntry):
+                        return None, None
+                    return entry.digest, lambda e=entry: self._content(e.digest, e)
+        if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
+            def read_host() -> bytes | None:
+                try:
+                    with open(path, "rb") as f:
+                        return f.read()
+                except OSError:
+                    return None
+            return path, read_host
+        return "", None
+
     def defined_in(self, action: Action, path: str) -> frozenset[str] | None:
         """defined_names of the file at sandbox `path`, from the action's inputs or its host
         paths (memoized by digest or host path); None if it is not there."""
@@ -144,6 +272,10 @@ class Contents:
         return None
 
 
+# 2: every name on a path read (directories included) and every name __has_include asks for is
+# recorded for each narrowed mount, present or not; an .incbin or a computed __has_include takes
+# the mount whole. Entries of 1 recorded only file names the mount held: never trusted now.
+ENTRY_VERSION = 2
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -196,9 +328,21 @@ class Discovery:
             if not deps:  # missing, not a file, or naming no file: it proves nothing (depfile.py, point 5)
                 whole.update(mounts)
                 continue
-            for dep in deps:
-                path = absolute(dep, action.cwd)
-                names.add(path.rpartition("/")[2])
+            paths = [absolute(dep, action.cwd) for dep in deps]
+            # With every __has_include wrapper seen so far in this build (one more pass where these
+            # files define a new one): extra wrappers only add names, never take one away.
+            looked = [files.lookups(action, path, files.wrappers) for path in paths]
+            new = frozenset(w for found in looked if found is not None for w in found.wrappers) - files.wrappers
+            if new:
+                files.wrappers |= new
+                looked = [files.lookups(action, path, files.wrappers) for path in paths]
+            for found in looked:  # what no depfile names: __has_include's names; else the mounts whole
+                if found is None or found.opaque:
+                    whole.update(mounts)
+                else:
+                    names.update(found.names)
+            for dep, path in zip(deps, paths):
+                names.update(_components(path))
                 for mount, mtree in mounts.items():
                     for root in _roots(action, mount):
                         if not path.startswith(root + "/"):
@@ -211,8 +355,11 @@ class Discovery:
         for mount in whole:
             reads[mount] = {"*": mounts[mount].digest(files.digester)}
         indexes = {m: t.by_name() for m, t in mounts.items()}
-        entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in sorted(names) if n in index}
-                                                           for m, index in indexes.items()}}
+        # Every name, held by the mount or not: an entry of that name that appears later (a file,
+        # a directory, a link) may shadow what the run found elsewhere, in another mount too.
+        entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index.get(n, ())) for n in sorted(names)}
+                                                           for m, index in indexes.items()},
+                                 "version": ENTRY_VERSION}
         ops = self.macro_ops(action.argv)
         if ops is not None:
             record = files.macro_record(tree, self.record)
@@ -225,6 +372,8 @@ class Discovery:
         does not fit the action). Stops after `limit` of either."""
         changed: Changed = []
         other: list[str] = []
+        if entry.get("reads") and entry.get("version") != ENTRY_VERSION:
+            return changed, ["recorded by an older bgraph (names of absent files not kept)"]
         for mount, read in entry.get("reads", {}).items():
             tree = action.input_tree(mount) if mount in self.mounts else None
             if tree is None:
