@@ -762,6 +762,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _utf8_mode() -> None:
+    """Run in Python's UTF-8 mode where the locale's encoding is another (a Latin-1 or ASCII
+    locale with PYTHONUTF8=0): names, commands and logs are UTF-8 whatever the locale, or an
+    action's argv bytes, a source name's key and the log's text would follow it. Re-executes
+    this command once, with the same argument bytes."""
+    if sys.flags.utf8_mode or sys.getfilesystemencoding().lower().replace("-", "") == "utf8":
+        return
+    if os.environ.get("BGRAPH_UTF8_REEXEC"):  # it did not take: go on as we are
+        return
+    os.environ["BGRAPH_UTF8_REEXEC"] = "1"
+    argv = [os.fsencode(a) for a in sys.argv[1:]]  # the bytes the caller passed
+    os.execv(sys.executable, [sys.executable, "-X", "utf8", "-m", "build_graph", *argv])
+
+
 def run() -> NoReturn:
     """The `bgraph` command: main(), then exit without the interpreter's teardown. Freeing a
     build's objects one by one took 0.03 s after a no-op and 0.1 s after an edit of the arch
@@ -769,6 +783,10 @@ def run() -> NoReturn:
     daemon with nothing to finish."""
     import atexit
 
+    _utf8_mode()
+    # Actions and the cache are written as under umask 022, whatever the caller's: an output's
+    # modes (and a sandbox's staging directory, which umask 0277 made unwritable) never depend on it.
+    os.umask(0o022)
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:

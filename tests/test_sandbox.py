@@ -605,3 +605,35 @@ def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_l
         runner.close()
         cas.close()
     assert not any(p.name.startswith("act-") for p in cas.tmp.iterdir()) if cas.tmp.exists() else True
+
+
+UMASK_AND_LOCALE = ('[a]\nkind = "genrule"\nouts = ["u", "d", "o"]\n'
+                    'cmd = "umask > $OUT/u && mkdir $OUT/d && echo x > $OUT/d/f && echo café > $OUT/o"\n')
+
+
+def test_outputs_do_not_depend_on_the_callers_umask_or_locale(make_ws, tmp_path):
+    """The caller's umask (077, or 0277, which left the staging directory unwritable) and a
+    non-UTF-8 locale (whose encoding turned the command's bytes into Latin-1) reach no output:
+    two caches, one key, one content (red-team read)."""
+    import subprocess
+
+    runs = {}
+    locale = tmp_path / "loc"
+    made = subprocess.run(["localedef", "-i", "en_US", "-f", "ISO-8859-1", str(locale / "en_US.ISO-8859-1")],
+                          capture_output=True)
+    latin1 = {"LOCPATH": str(locale), "LC_ALL": "en_US.ISO-8859-1", "PYTHONUTF8": "0"} if made.returncode in (0, 1) \
+        and (locale / "en_US.ISO-8859-1").is_dir() else {"LC_ALL": "POSIX", "PYTHONUTF8": "0"}
+    for name, mask, env in (("plain", 0o022, {}), ("private", 0o077, {}), ("odd", 0o277, latin1)):
+        ws = make_ws({"targets/p.toml": UMASK_AND_LOCALE}, name=name)
+        old = os.umask(mask)
+        try:
+            run = ws.build("//p:a", env=env)
+        finally:
+            os.umask(old)
+        assert run.rc == 0, run.output
+        out = ws.root / "bgraph-out/p/a"
+        runs[name] = ([a["key"] for a in run.json["actions"] if a["name"] == "genrule"],
+                      (out / "u").read_text(), oct((out / "d").stat().st_mode & 0o777),
+                      oct((out / "d/f").stat().st_mode & 0o777), (out / "o").read_bytes())
+    assert runs["plain"][1:] == ("0022\n", "0o555", "0o444", "café\n".encode()), runs["plain"]
+    assert runs["private"] == runs["plain"] and runs["odd"] == runs["plain"], runs
