@@ -158,6 +158,8 @@ class WorkspaceModel(Strict):
     @classmethod
     def _archs(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, archs in v.items():
+            if not archs:
+                raise ValueError(f"arch set {name!r} is empty; name at least one arch, e.g. ['12.1a']")
             for a in archs:
                 if not ARCH_RE.match(a):
                     raise ValueError(f"arch set {name!r}: {a!r} is not an arch like '12.1a', '12.0f' or '9.0'")
@@ -206,6 +208,8 @@ class Workspace:
                 raise LoadError(f"unknown arch set {spec!r}", where=where_,
                                 hint=f"known: {', '.join(sorted(self.model.arch_sets)) or 'none'}")
             return list(self.model.arch_sets[spec])
+        if not spec:  # nvcc would quietly build its default arch
+            raise LoadError("an empty arch list", where=where_, hint="name at least one arch, e.g. archs = [\"12.1a\"]")
         for a in spec:
             if not ARCH_RE.match(a):
                 raise LoadError(f"{a!r} is not an arch like '12.1a'", where=where_)

@@ -70,6 +70,8 @@ CASES = {
         {"targets/p.toml": GENRULE + '[b]\nkind = "genrule"\nouts = ["o"]\ncmd = "true"\ntools = ":a"\n'},
         ["build", "//p:b"]),
     "NUL byte in a command": ({"targets/p.toml": GENRULE.replace("echo a", "echo a\\u0000b")}, ["build", "//p:a"]),
+    "empty arch set": ({"WORKSPACE.toml": '[workspace]\nname = "t"\n\n[arch_sets]\nnone = []\n',
+                        "targets/p.toml": GENRULE}, ["build", "//p:a"]),
     "-j 0": ({"targets/p.toml": GENRULE}, ["build", "-j", "0", "//p:a"]),
     "-j negative": ({"targets/p.toml": GENRULE}, ["build", "-j", "-1", "//p:a"]),
     "--max-mem negative": ({"targets/p.toml": GENRULE}, ["build", "--max-mem", "-5", "//p:a"]),

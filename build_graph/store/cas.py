@@ -696,7 +696,15 @@ class LocalCas:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(entry, FileEntry):
                     source = self._exec_blob(entry) if entry.executable else self.blob_path(entry.digest)
-                    os.link(source, target)
+                    try:
+                        os.link(source, target)
+                    except OSError as e:
+                        if e.errno != errno.EMLINK:
+                            raise
+                        raise StoreError(f"blob {entry.digest[:16]} already has the file system's most hard links "
+                                         f"({os.stat(source).st_nlink}): trees that hold it cannot be made",
+                                         hint="run `bgraph cache gc` (materialized trees are re-made on use; "
+                                              "each holds a link)") from None
                     linked.add(source)
                 elif isinstance(entry, SymlinkEntry):
                     os.symlink(entry.target, target)
