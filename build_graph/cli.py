@@ -585,7 +585,8 @@ def cmd_cache(args, console: Console) -> int:
     out.print(f"checked {r.blobs_checked} blobs, {r.nodes_checked} directory nodes, "
               f"{r.entries_checked} action-cache entries, {r.trees_checked} materialized trees", highlight=False)
     for what, items in (("corrupt blob", r.corrupt_blobs), ("corrupt directory node", r.corrupt_nodes),
-                        ("dangling action-cache entry", r.dangling_entries), ("broken tree", r.bad_trees)):
+                        ("dangling action-cache entry", r.dangling_entries), ("broken tree", r.bad_trees),
+                        ("damaged state file", r.bad_state)):
         for d in items:
             out.print(f"{what} {d}" + (" (removed)" if r.repaired else ""), highlight=False)
     if r.clean:

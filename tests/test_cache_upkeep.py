@@ -203,3 +203,21 @@ def test_a_source_collected_after_its_stamp_was_recorded_is_stored_again(make_ws
     assert run.rc == 0, run.stderr
     assert statuses(run.json) == {"//p:a": "executed"}
     assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n"
+
+
+def test_verify_finds_a_damaged_state_file_and_repair_starts_it_afresh(make_ws):
+    """A state file SQLite finds malformed is read as empty by builds (correct but slow): verify
+    says so, and --repair removes it; the next build is correct and records again (red-team read)."""
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:a").rc == 0
+    [state] = list((ws.cache / "v1").glob("*/state-v*.sqlite"))
+    data = bytearray(state.read_bytes())
+    data[4096:8192] = b"\xa5" * 4096  # a page of garbage
+    state.write_bytes(bytes(data))
+    out = ws.cli("cache", "verify")
+    assert out.rc == 1 and "damaged state file" in out.stdout, out.output
+    fixed = ws.cli("cache", "verify", "--repair")
+    assert fixed.rc == 0 and "(removed)" in fixed.stdout, fixed.output
+    assert ws.cli("cache", "verify").rc == 0
+    again = ws.build("//p:a")
+    assert again.rc == 0 and ws.read_output("//p:a", "a.txt") == "alpha\nbeta\nalpha\nbeta\n"

@@ -67,11 +67,13 @@ class VerifyReport:
     corrupt_nodes: list[str] = field(default_factory=list)
     dangling_entries: list[str] = field(default_factory=list)
     bad_trees: list[str] = field(default_factory=list)
+    bad_state: list[str] = field(default_factory=list)  # a state file SQLite finds damaged
     repaired: bool = False
 
     @property
     def clean(self) -> bool:
-        return not (self.corrupt_blobs or self.corrupt_nodes or self.dangling_entries or self.bad_trees)
+        return not (self.corrupt_blobs or self.corrupt_nodes or self.dangling_entries or self.bad_trees
+                    or self.bad_state)
 
 
 @contextmanager
@@ -376,9 +378,30 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                 report.bad_trees.append(t.name)
                 if repair:
                     discard_tree(layout_root, t, held)
+        state = base / STATE_FILE
+        if state.exists() and not _state_is_whole(state):
+            report.bad_state.append(str(state))
+            if repair:  # its rows are what builds learned (records, memos, traces): the next build learns them again
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(f"{state}{suffix}").unlink(missing_ok=True)
         if repair and not report.clean:
             bump_generation(layout_root)  # under the lock, as in collect
     return report
+
+
+def _state_is_whole(path: Path) -> bool:
+    """SQLite's own check of a state file (a damaged one is read as empty by builds, which then
+    miss what it held: correct, but every build slow)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return con.execute("PRAGMA quick_check").fetchone() == ("ok",)
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
