@@ -81,6 +81,11 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
     """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
     `object_name` under /bgraph/out. Returns the object's FileEntry. `dryrun`: this TU's `nvcc
     --dryrun` output, where the caller ran one for several TUs (for_tu); else it runs its own."""
+    src = nvcc_args[nvcc_args.index("-c") + 1] if "-c" in nvcc_args[:-1] else ""
+    if re.search(r"""[\s"'\\$`]""", src):
+        # nvcc --dryrun prints its steps' commands with such names unquoted: they cannot be read back
+        raise ctx.fail(f"{name}: the source name {src.rpartition('/')[2]!r} holds a space, quote or shell character, "
+                       "which nvcc's step list cannot carry", hint="rename the file (letters, digits, '.', '_', '-', '+')")
     if dryrun is None:  # with placeholder names where it can: TUs of one flag set share its key
         shared = shared_dryrun(nvcc_args, object_name)
         [dry] = yield [dryrun_action(ctx, name, shared or nvcc_args, OBJECT if shared else object_name, toolchain)]
