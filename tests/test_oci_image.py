@@ -368,6 +368,9 @@ def test_why_names_the_layer_target_and_package_of_a_path_in_the_image(built):
     assert (run.json["layer"], run.json["index"], run.json["targets"]) == ("system", 1, ["//images:base-python"])
     run = ws.cli("why", "//imgtest:py", "/etc/ssl/certs/ca-certificates.crt")
     assert run.rc == 0 and run.stdout.startswith("/etc/ssl/certs/ca-certificates.crt: layer system"), run.output
+    # /etc/passwd is the rule's own file (no maintainer script ran to write it), not the system target's.
+    run = ws.cli("why", "--json", "//imgtest:py", "/etc/passwd")
+    assert run.rc == 0 and (run.json["layer"], run.json["targets"]) == ("system", []), run.output
     run = ws.cli("why", "//imgtest:py", "/usr/bin/no-such-tool")
     assert run.rc != 0 and "Traceback" not in run.stderr
     assert "/usr/bin/no-such-tool is in no layer of localhost/bgraph/py:latest" in run.stderr, run.stderr

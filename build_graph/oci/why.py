@@ -125,7 +125,12 @@ def _found(found: PathOrigin | None, opened: _Layer, layer: dict, i: int, layers
     comps = [c for c in bom.get("components", [])
              if {"name": "bgraph:layer", "value": layer["name"]} in c.get("properties", [])]
     props = [{p["name"]: p["value"] for p in c.get("properties", [])} for c in comps]
-    targets = sorted({p["bgraph:target"] for p in props if "bgraph:target" in p})
+    placed = layer.get("placed")
+    if placed is not None:  # which target placed which files (oci_image's cover); none: the rule wrote it
+        targets = [t for t, prefixes in placed.items()
+                   if any(p == "" or rel == p or rel.startswith(p + "/") for p in prefixes)]
+    else:  # an image built before the cover was kept: every target of the layer
+        targets = sorted({p["bgraph:target"] for p in props if "bgraph:target" in p})
     found = PathOrigin(rel, layer["name"], i + 1, len(layers), layer["digest"], targets)
     owner = _record_owner(opened, rel)
     if owner:

@@ -262,6 +262,7 @@ class _Layer:
         self.tree = Tree()
         self.files: dict[str, dict] = {}
         self.dirs: dict[str, int] = {}
+        self.sources: list[tuple[str, Tree]] = []  # (label, the part's tree as placed) of each part
 
     def paths(self) -> set[str]:
         """Every path the layer's tar holds, directories above its entries included."""
@@ -272,6 +273,27 @@ class _Layer:
                 out.add(up)
                 up = up.rpartition("/")[0]
         return out
+
+    def placed(self) -> dict[str, list[str]]:
+        """Which target placed each of the layer's files, as few path prefixes per target as cover
+        exactly its files (a directory all of whose entries one target placed stands for them;
+        "" is the whole layer). What the rule adds (the CA bundle, scripts, passwd) is in none."""
+        owner: dict[str, str | None] = {p: None for p in (*self.tree.entries, *self.files)}
+        for label, tree in self.sources:
+            owner.update((p, label) for p in tree.entries if p in self.tree.entries)
+        under: dict[str, set[str | None]] = {}
+        for path, label in owner.items():
+            parts = path.split("/")
+            for i in range(len(parts)):  # the directories above it, "" the root
+                under.setdefault("/".join(parts[:i]), set()).add(label)
+        cover: dict[str, set[str]] = {}
+        for path, label in owner.items():
+            if label is not None:
+                parts = path.split("/")
+                top = next(("/".join(parts[:i]) for i in range(len(parts)) if under["/".join(parts[:i])] == {label}),
+                           path)
+                cover.setdefault(label, set()).add(top)
+        return {label: sorted(prefixes) for label, prefixes in sorted(cover.items())}
 
     def content_bytes(self) -> int:
         return (sum(e.size for e in self.tree.entries.values() if isinstance(e, FileEntry))
@@ -304,6 +326,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
                            hint="give a deb_packages set with sysroot = true (the target platform's packages)")
         bottom = _Layer("system")
         bottom.tree = system.tree
+        bottom.sources.append((_label(ctx, a.system), system.tree))
         layers.append(bottom)
         items = [sbom.Item("deb", n, v, "system", _label(ctx, a.system), arch=system.info.get("architecture"))
                  for n, v in sorted(system.info.get("packages", {}).items())]
@@ -357,6 +380,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
                     layer.files[f"usr/local/bin/{script}"] = {"text": text, "mode": 0o755}
             at = _relpath(p.at) if p.at is not None else (site if p.wheel else "")
             trees.append(tree.prefixed(at) if at else tree)
+            layer.sources.append((_label(ctx, p.tree or p.wheel), trees[-1]))
         try:
             layer.tree = trees[0].merged(*trees[1:]) if trees else Tree()
         except ValueError as e:
@@ -409,7 +433,8 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
                            created_by=f"bgraph {ctx.label}", env=env_list, entrypoint=a.entrypoint, cmd=a.cmd,
                            workdir=a.workdir, user=a.user, labels=labels)
     summary = {"ref": ref, "platform": ctx.platform, "config": docs.config_digest, "manifest": docs.manifest_digest,
-               "layers": [{"name": l.name, "digest": l.digest, "size": l.size} for l in described]}
+               "layers": [{"name": l.name, "digest": l.digest, "size": l.size, "placed": planned.placed()}
+                          for l, planned in zip(described, layers)]}
     members: dict[str, dict] = {
         "oci-layout": {"text": docs.layout.decode()},
         "index.json": {"text": docs.index.decode()},
