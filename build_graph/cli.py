@@ -116,11 +116,15 @@ def cmd_build(args, console: Console) -> int:
         summary["remote_execution"] = dict(engine._sandbox.stats)  # what went to the executor, what fell back
     if compared is not None:
         summary["compared_with_other_cache"] = compared
-    if not result.failures and not options.dry_run:
+    if not options.dry_run and (not result.failures or options.keep_going):
+        # With --keep-going the targets that were built are linked too: bgraph-out/ never keeps an
+        # earlier build's output of a target this build built (the failed ones keep theirs).
         links = engine.link_outputs(result, ws.root / "bgraph-out")
         summary["outputs"] = {k: str(v) for k, v in links.items()}
-        if recording is not None:  # the stored answer the next build's fast path asks (noop.py)
+        if not result.failures and recording is not None:  # the stored answer the next build's fast path asks (noop.py)
             engine.remember(recording, result, summary, links)
+        elif result.failures and links and asked is not None:  # relinked, and nothing recorded
+            noop.drop(asked)
     if result.profile is not None:
         result.profile.write(profile_path)
     for err in result.failures:

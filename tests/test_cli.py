@@ -52,3 +52,23 @@ def test_the_command_skips_teardown_but_finishes_its_work(make_ws):
     assert not list((ws.cache / "v1" / "tmp").glob("*.lock"))
     failed = ws.cli("build", "//p:nope")
     assert failed.rc == 2 and "no target" in failed.stderr, failed.output
+
+
+@requires_bwrap
+def test_keep_going_links_what_it_built_and_keeps_no_stale_output(make_ws):
+    """`build -k` with one target failing: the targets it built are linked, so bgraph-out/ never
+    shows an earlier build's output of a target this build rebuilt (a red-team read found the old
+    link kept until the next successful build)."""
+    ws = make_ws({"in.txt": "one\n",
+                  "targets/p.toml": '[a]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["o"]\ncmd = "cat $SRC/in.txt > $OUT/o"\n'
+                                    '[b]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["o"]\n'
+                                    'cmd = "grep -q one $SRC/in.txt && echo b > $OUT/o"\n'})
+    assert ws.build("//p:a", "//p:b").rc == 0
+    ws.write({"in.txt": "two\n"})  # :b now fails
+    run = ws.build("-k", "//p:a", "//p:b")
+    assert run.rc != 0 and not run.json["ok"]
+    assert ws.read_output("//p:a", "o") == "two\n"
+    assert ws.read_output("//p:b", "o") == "b\n"  # the failed target keeps its last good output
+    ws.write({"in.txt": "one\n"})
+    again = ws.build("//p:a", "//p:b")
+    assert again.rc == 0 and ws.read_output("//p:a", "o") == "one\n"
