@@ -255,21 +255,16 @@ class Contents:
     def defined_in(self, action: Action, path: str) -> frozenset[str] | None:
         """defined_names of the file at sandbox `path`, from the action's inputs or its host
         paths (memoized by digest or host path); None if it is not there."""
-        for mount, tree in action.inputs:
-            for root in _roots(action, mount):
-                if path.startswith(root + "/"):
-                    entry = tree.entries.get(path[len(root) + 1:])
-                    return self.defined(entry.digest, entry) if isinstance(entry, FileEntry) else None
-        if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
-            names = self._defines.get(path)
-            if names is None:
-                try:
-                    with open(path, "rb") as f:
-                        names = self._defines[path] = defined_names(f.read())
-                except OSError:
-                    return None
-            return names
-        return None
+        key, read = self._locate(action, path)
+        if not key or read is None:
+            return None
+        names = self._defines.get(key)
+        if names is None:
+            data = read()
+            if data is None:
+                return None
+            names = self._defines[key] = defined_names(data)
+        return names
 
 
 # 2: every name on a path read (directories included) and every name __has_include asks for is
