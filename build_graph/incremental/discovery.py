@@ -267,10 +267,11 @@ class Contents:
         return names
 
 
-# 2: every name on a path read (directories included) and every name __has_include asks for is
-# recorded for each narrowed mount, present or not; an .incbin or a computed __has_include takes
-# the mount whole. Entries of 1 recorded only file names the mount held: never trusted now.
-ENTRY_VERSION = 2
+# Since 2, every name on a path read (directories included) and every name __has_include asks
+# for is recorded for each narrowed mount, present or not ("names" with their paths, "absent"); an
+# .incbin or a computed __has_include takes the mount whole. Entries of 1 recorded only the file
+# names a mount held: never trusted now.
+ENTRY_VERSION = 3
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -352,8 +353,12 @@ class Discovery:
         indexes = {m: t.by_name() for m, t in mounts.items()}
         # Every name, held by the mount or not: an entry of that name that appears later (a file,
         # a directory, a link) may shadow what the run found elsewhere, in another mount too.
-        entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index.get(n, ())) for n in sorted(names)}
+        # (The names a mount does not hold are kept apart, as one list: checked with one set
+        # intersection, most of a TU's names being those of the toolkit's and the system's headers.)
+        ordered = sorted(names)
+        entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in ordered if n in index}
                                                            for m, index in indexes.items()},
+                                 "absent": {m: [n for n in ordered if n not in index] for m, index in indexes.items()},
                                  "version": ENTRY_VERSION}
         ops = self.macro_ops(action.argv)
         if ops is not None:
@@ -396,6 +401,12 @@ class Discovery:
                                  else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
                     if limit and len(changed) + len(other) >= limit:
                         return changed, other
+        for mount, absent in entry.get("absent", {}).items():
+            index = action.input_tree(mount).by_name() if mount in self.mounts else {}
+            for name in sorted(index.keys() & set(absent)):
+                other.append(f"new file {mount}/{index[name][0]} may shadow an included {name}")
+                if limit and len(changed) + len(other) >= limit:
+                    return changed, other
         return changed, other
 
     def macro_fit(self, action: Action, entry: dict[str, Any]) -> tuple[list[str], list[str]]:
