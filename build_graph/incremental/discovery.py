@@ -115,8 +115,10 @@ def _followed_in(tree: Tree, rel: str):
     return memo[rel]
 
 
-def _uses(data: bytes, macro: bytes) -> re.Pattern:
-    return re.compile(rb"\b" + re.escape(macro) + rb"\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
+@lru_cache(maxsize=64)
+def _uses(macro: str) -> re.Pattern:
+    """A use of the __has_include wrapper `macro`, its operand as _HAS_INCLUDE's groups take it."""
+    return re.compile(rb"\b" + re.escape(macro.encode()) + rb"\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
 
 
 def _components(path: str) -> list[str]:
@@ -126,27 +128,24 @@ def _components(path: str) -> list[str]:
 
 
 def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
-    """Lookups of one file's bytes."""
+    """Lookups of one file's bytes. An operand that names no file is opaque, unless it is the
+    parameter of a wrapper this file defines (`#define W(_X) __has_include(_X)`, and W's own uses
+    of another wrapper's parameter)."""
     names: set[str] = set()
-    defined: set[str] = set()
     opaque = bool(_INCBIN.search(data))
-    if b"__has_include" in data:
-        wrapped = {m.start(3): m.group(1).decode() for m in _WRAPPER.finditer(data)
-                   if m.group(3) in [p.strip() for p in m.group(2).split(b",")]}
-        defined.update(wrapped.values())
-        for m in _HAS_INCLUDE.finditer(data):
+    definitions = list(_WRAPPER.finditer(data)) if b"__has_include" in data else []
+    own = [(d, {p.strip() for p in d.group(2).split(b",")}) for d in definitions]
+    params = set().union(*(ps for _d, ps in own))
+    wrapped = {d.start(3): d.group(1).decode() for d, ps in own if d.group(3) in ps}  # of its own parameter
+    uses = [_HAS_INCLUDE] if definitions or b"__has_include" in data else []
+    uses += [_uses(macro) for macro in wrappers if macro.encode() in data]
+    for pattern in uses:
+        for m in pattern.finditer(data):
             if m.group(1):
                 names.update(_components(m.group(1).decode(errors="replace")))
-            elif m.start(2) not in wrapped:
-                opaque = True
-    for macro in wrappers:
-        if macro.encode() in data:
-            for m in _uses(data, macro.encode()).finditer(data):
-                if m.group(1):
-                    names.update(_components(m.group(1).decode(errors="replace")))
-                elif m.group(2) not in [p.strip() for d in _WRAPPER.finditer(data) for p in d.group(2).split(b",")]:
-                    opaque = True  # a wrapper used with a macro operand (not in another wrapper's definition)
-    return Lookups(frozenset(names), frozenset(defined), opaque)
+            elif m.start(2) not in wrapped and (pattern is _HAS_INCLUDE or m.group(2) not in params):
+                opaque = True  # a computed operand: nothing can be told of what it looks for
+    return Lookups(frozenset(names), frozenset(wrapped.values()), opaque)
 
 
 class Contents:
