@@ -81,7 +81,7 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
     """Sub-plan: `nvcc_args` (flags, `-c SRC`; no `-o`, no -M options) compiled to
     `object_name` under /bgraph/out. Returns the object's FileEntry. `dryrun`: this TU's `nvcc
     --dryrun` output, where the caller ran one for several TUs (for_tu); else it runs its own."""
-    src = nvcc_args[nvcc_args.index("-c") + 1] if "-c" in nvcc_args[:-1] else ""
+    src = _source(nvcc_args)
     if re.search(r"""[\s"'\\$`]""", src):
         # nvcc --dryrun prints its steps' commands with such names unquoted: they cannot be read back
         raise ctx.fail(f"{name}: the source name {src.rpartition('/')[2]!r} holds a space, quote or shell character, "
@@ -147,9 +147,14 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
 
 def _source_file(nvcc_args: list[str], view: SourceView) -> dict[str, Tree]:
     """The TU's source file alone, at its mount: {mount: Tree({path: entry})} (empty if unknown)."""
-    src = nvcc_args[nvcc_args.index("-c") + 1] if "-c" in nvcc_args[:-1] else ""
+    src = _source(nvcc_args)
     for mount, tree in view.mounts.items():
         rel = src[len(mount) + 1:] if src.startswith(mount + "/") else None
         if rel and rel in tree.entries:
             return {mount: Tree({rel: tree.entries[rel]})}
     return {}
+
+
+def _source(nvcc_args: list[str]) -> str:
+    """The source `-c` names ("" if none)."""
+    return nvcc_args[nvcc_args.index("-c") + 1] if "-c" in nvcc_args[:-1] else ""
