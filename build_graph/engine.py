@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from build_graph import archive, configs
-from build_graph.errors import BgraphError
+from build_graph.errors import ActionFailed, BgraphError
 from build_graph.graph import dependency_map
 from build_graph.configs import Configured
 from build_graph.labels import Label
@@ -196,9 +196,27 @@ class Engine:
             self._host_cache[tools] = probe_host_tools(tools, self.digester, self.host_probes)
         return self._host_cache[tools]
 
-    def probed_host_tools(self) -> list[str]:
-        """The host binaries this engine's builds identified (host_tools targets)."""
-        return sorted({p for tools in self._host_cache for p in tools})
+    def moved_host_tool(self, tools: tuple[HostTool, ...]) -> str | None:
+        """The first of `tools` that is no longer what the build identified (its stat stamp moved
+        and its content or version with it), else None: a tool replaced while the build ran."""
+        from build_graph.sandbox import SandboxError, probe_host_tools
+
+        declared = tuple(t.path.split("=", 1)[0] for t in tools)
+        try:
+            now = probe_host_tools(declared, self.digester, self.host_probes)
+        except SandboxError:
+            now = ()
+        return next((p for p, was, is_ in zip(declared, tools, now + (None,) * len(tools)) if was != is_), None)
+
+    def host_tools_of(self, result: BuildResult) -> list[str] | None:
+        """The host binaries the build's targets were planned with (probed by this build or
+        taken whole from the memo), or None where one changed since it was identified: a record
+        stamping its new state would answer "up to date" for outputs of the old one."""
+        tools = {HostTool(*t) for out in result.outputs.values() for t in out.info.get("host_tools", ())}
+        tools.update(t for probed in self._host_cache.values() for t in probed)
+        if self.moved_host_tool(tuple(sorted(tools, key=lambda t: t.path))) is not None:
+            return None
+        return sorted({t.path.split("=", 1)[0] for t in tools})
 
     def execute(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
         """Run one action on the runner its kind needs (a sandboxed one leaves its process's
@@ -229,6 +247,12 @@ class Engine:
               ) -> tuple[Tree, ActionResult, str]:
         if stamps is not None:
             stamps["executed"] = time.monotonic()
+        # The key names the host tools as probed: one replaced while the action ran made the
+        # outputs of another tool, which must not be filed under that key.
+        moved = self.moved_host_tool(action.host_tools) if action.host_tools else None
+        if moved is not None:
+            raise ActionFailed(f"host tool {moved} changed while the action ran: its result is not kept",
+                               where=action.name, hint="build again: the tool is probed anew")
         return tree, result, self.rebuilder.record(action, tree, result)
 
     # -- the loop ------------------------------------------------------------------------
@@ -291,7 +315,8 @@ class Engine:
         the state file; where the build cannot be recorded, the request's old row goes."""
         from build_graph.store import memo
 
-        record = recording.of_build(self.cache_dir, summary, links, self.probed_host_tools())
+        tools = self.host_tools_of(result)
+        record = recording.of_build(self.cache_dir, summary, links, tools) if tools is not None else None
         if record is not None and result.memo:
             # A source the scan leaves out (under .git/ or __pycache__/) shows no stamp: the record
             # takes it as always changed, as a racily clean file, so the next build replans what

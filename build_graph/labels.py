@@ -11,8 +11,11 @@ from typing import Iterable
 
 from build_graph.errors import LabelError
 
-_PKG = r"[A-Za-z0-9_.+-]+(?:/[A-Za-z0-9_.+-]+)*"
-_NAME = r"[A-Za-z0-9_.+-]+"
+# A segment of dots alone ('.', '..') is no name: bgraph-out/<package>/<name> would leave bgraph-out.
+_SEGMENT = r"(?!\.+(?![A-Za-z0-9_.+-]))[A-Za-z0-9_.+-]+"
+_PKG = rf"{_SEGMENT}(?:/{_SEGMENT})*"
+_NAME = _SEGMENT
+_PKG_RE = re.compile(rf"^(?:{_PKG})?$")
 _LABEL_RE = re.compile(rf"^//(?P<pkg>{_PKG})?:(?P<name>{_NAME})$")
 _RELATIVE_RE = re.compile(rf"^:(?P<name>{_NAME})$")
 _RECURSIVE_RE = re.compile(rf"^//(?:(?P<pkg>{_PKG})/)?\.\.\.$")
@@ -63,8 +66,13 @@ def parse_label(text: str, *, package: str | None = None, where: str | None = No
     raise LabelError(
         f"bad label {text!r}",
         where=where,
-        hint="labels look like //package:name (letters, digits, '_.+-'; packages separated by '/')",
+        hint="labels look like //package:name (letters, digits, '_.+-', not '.' or '..' alone; packages separated by '/')",
     )
+
+
+def valid_package(package: str) -> bool:
+    """Whether `package` (without the leading //) may name a package."""
+    return bool(_PKG_RE.match(package))
 
 
 @functools.lru_cache(maxsize=1 << 18)

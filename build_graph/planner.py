@@ -15,6 +15,7 @@ from build_graph.incremental.filestate import utf8_name
 from build_graph.errors import LoadError, PlanError, where
 from build_graph.configs import Config
 from build_graph.labels import Label
+from build_graph.roots import globbed
 from build_graph.model import Action, Digester, FileEntry, HostTool, Outcome, TargetOutput, Tree
 from build_graph.rules.base import Dataflow, Parallel, RuleContext
 from build_graph.rules.registry import RULES
@@ -34,8 +35,8 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
             raise LoadError(f"source {pattern!r} must be a path inside the workspace",
                             where=where(target.file, target.table, key))
         if "*" in pattern or "?" in pattern or "[" in pattern:
-            matches = sorted(os.path.relpath(p, ws.root) for p in glob.glob(str(ws.root / pattern), recursive=True)
-                             if os.path.isfile(p))
+            matches = sorted(rel for p in glob.glob(str(ws.root / pattern), recursive=True)
+                             if globbed(rel := os.path.relpath(p, ws.root)) and os.path.isfile(p))
             if not matches:
                 raise LoadError(f"glob {pattern!r} matches no file", where=where(target.file, target.table, key))
             for m in matches:

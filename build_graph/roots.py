@@ -9,6 +9,26 @@ from pathlib import Path
 from build_graph.errors import LoadError
 
 
+# What of a workspace is never a source: bgraph's own output links, and the directories the no-op
+# scan (store/uptodate.py) does not read. Target files, globs and the scan all go by these, so no
+# file can be read by a build and unseen by the record that answers "up to date" for it.
+OUT_DIR = "bgraph-out"
+UNSCANNED_DIRS = frozenset({".git", "__pycache__"})
+
+
+def globbed(rel: str) -> bool:
+    """Whether a glob may match the workspace path `rel`: not under bgraph-out/ nor a .git/ or
+    __pycache__/ directory (a glob there would see files the record never stamps)."""
+    parts = rel.split("/")
+    return parts[0] != OUT_DIR and not UNSCANNED_DIRS.intersection(parts[:-1])
+
+
+def target_files(root: Path) -> list[Path]:
+    """The workspace's target files: every targets/**/*.toml outside the unscanned directories."""
+    return sorted(p for p in (root / "targets").rglob("*.toml")
+                  if not UNSCANNED_DIRS.intersection(p.relative_to(root).parts[:-1]))
+
+
 def find_root(start: Path) -> Path:
     """The nearest directory at or above `start` holding WORKSPACE.toml."""
     for d in [start, *start.parents]:

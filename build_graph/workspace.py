@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from build_graph.errors import LoadError, where
-from build_graph.labels import Label, parse_label, unknown_label
-from build_graph.roots import find_root, user_config_path  # noqa: F401  (re-exported)
+from build_graph.labels import Label, parse_label, unknown_label, valid_package
+from build_graph.roots import find_root, target_files, user_config_path  # noqa: F401  (re-exported)
 
 PLATFORMS = ("x86_64", "aarch64")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -331,17 +331,26 @@ def load(root: Path) -> Workspace:
     targets: dict[Label, Target] = {}
     packages: dict[str, str] = {}
     raw: dict[Label, tuple[dict[str, Any], str, str, str, int | None]] = {}  # label -> table, file, name, text, line
-    for path in sorted((root / "targets").rglob("*.toml")):
+    for path in target_files(root):
         rel = path.relative_to(root)
         data, text = _read_toml(path, rel.as_posix())
         declared = data.pop("package", None)
         if declared is not None:
-            if not isinstance(declared, str) or not re.match(r"^//[A-Za-z0-9_.+/-]*$", declared):
+            if not isinstance(declared, str) or not declared.startswith("//") or not valid_package(declared[2:]):
                 raise LoadError(f"bad package {declared!r}", where=where(rel.as_posix(), None, "package", _line_of(text, None, "package")),
-                                hint="write package = \"//name\"")
+                                hint="write package = \"//name\" (letters, digits, '_.+-', not '.' or '..' alone)")
             package = declared[2:]
         else:
             package = package_of(rel)
+            if not valid_package(package):
+                raise LoadError(f"bad package name {package!r} (from the file's path)", where=rel.as_posix(),
+                                hint="rename the file or directory: letters, digits, '_.+-', not '.' or '..' alone")
+        if package.split("/")[0] in PLATFORMS:
+            # bgraph-out/<platform>/<package>/<name> holds another platform's builds: //aarch64/p:x
+            # and //p:x built for aarch64 would share one link.
+            raise LoadError(f"package //{package} begins with the platform name {package.split('/')[0]!r}",
+                            where=rel.as_posix(), hint="bgraph-out/<platform>/ holds the builds for another "
+                            "platform: rename the package (or its directory under targets/)")
         if package in packages:
             raise LoadError(f"package //{package} is declared twice (also in {packages[package]})", where=rel.as_posix())
         packages[package] = rel.as_posix()

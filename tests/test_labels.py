@@ -30,6 +30,8 @@ def test_relative_label_needs_a_package():
 
 @pytest.mark.parametrize("text", [
     "//a:b:c", "foo", "//a b:c", "//a:", "a:b", "//a", "///a:b", "//a//b:c", "//a:b c", "", "//a:b/c",
+    # a segment of dots alone: bgraph-out/<package>/<name> would lead out of bgraph-out
+    "//..:x", "//../victim:x", "//a/./b:c", "//a:..", "//a:.",
 ])
 def test_bad_labels_name_the_text(text):
     with pytest.raises(LabelError) as info:

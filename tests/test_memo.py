@@ -257,3 +257,30 @@ def test_the_memo_is_json_and_round_trips_outputs_with_trees(tmp_path):
     data = memo.encode({"//p:x": entry}, {"a.txt": [1]})
     assert json.loads(data)["format"] == memo.FORMAT
     assert memo.decode(data) == {"//p:x": entry}
+
+
+def test_a_dependency_configured_for_another_platform_is_another_node(make_ws):
+    """X depends on G; G gains `platform = "aarch64"`, and //p:G (aarch64) is already in the memo
+    (W built it). X's edge now leads to that node: X must be rebuilt from it, not taken whole
+    because the node it reaches now is as the memo left it."""
+    toolchains = ('[host]\nkind = "host_tools"\npaths = ["/usr"]\n'
+                  'tools = ["/usr/bin/sh", "/usr/bin/cp", "/usr/bin/patch", "/usr/bin/python3"]\n')
+    files = {"g/__init__.py": "X = 1\n", "targets/toolchains.toml": toolchains,
+             "targets/p.toml": '[G]\nkind = "py_wheel"\ndistribution = "g"\nversion = "1"\nsrcs = ["g/__init__.py"]\n\n'
+                               '[W]\nkind = "py_wheel"\ndistribution = "w"\nversion = "1"\nplatform = "aarch64"\n'
+                               'dirs = { "inner" = ":G" }\n\n'
+                               '[X]\nkind = "genrule"\nouts = ["x.txt"]\ndeps = { g = ":G" }\n'
+                               'cmd = "ls $IN_G > $OUT/x.txt"\n'}
+    ws = make_ws(files)
+    age(ws.root)
+    build(ws, "//p:X", "//p:W")
+    assert "x86_64" in ws.read_output("//p:X", "x.txt")
+    toml = (ws.root / "targets/p.toml").read_text().replace('srcs = ["g/__init__.py"]\n',
+                                                             'srcs = ["g/__init__.py"]\nplatform = "aarch64"\n')
+    ws.write({"targets/p.toml": toml})
+    past = time.time() - 20
+    os.utime(ws.root / "targets/p.toml", (past, past))
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    build(ws, "//p:X", "//p:W")
+    listed = ws.read_output("//p:X", "x.txt")
+    assert "aarch64" in listed and "x86_64" not in listed, listed

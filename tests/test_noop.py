@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def test_a_source_under_a_directory_the_scan_leaves_out_is_never_taken_as_unchan
     that reads a file there (a version stamped from .git/HEAD) must not be answered from the record:
     the record takes such a source as always changed, and the build replans that target."""
     files = {**FILES, ".git/HEAD": "ref: refs/heads/main\n", "py/__pycache__/data.txt": "one\n",
-             "targets/v.toml": '[version]\nkind = "genrule"\nsrcs = [".git/HEAD", "py/**"]\nouts = ["v.txt"]\n'
+             "targets/v.toml": '[version]\nkind = "genrule"\nsrcs = [".git/HEAD", "py/__pycache__/data.txt"]\nouts = ["v.txt"]\n'
                                'cmd = "cat $SRC/.git/HEAD $SRC/py/__pycache__/data.txt > $OUT/v.txt"\n'}
     ws = make_ws(files)
     age(ws.root)
@@ -325,3 +327,113 @@ def test_an_output_chmod_or_replaced_file_is_built_again(make_ws):
     time.sleep(filestate.RACY_NS / 1e9 + 0.05)
     build(ws, "//p:a")
     assert ws.read_output("//p:a", "a.txt") == "alpha\nbeta\n" * 2
+
+
+def test_globs_never_reach_what_the_scan_leaves_out(make_ws):
+    """A glob matches no file under bgraph-out/ or a __pycache__/ directory (the record never
+    stamps those, so a new one there would go unseen); a file named outright there still counts."""
+    files = {**FILES, "py/m.py": "x = 1\n",
+             "targets/q.toml": '[all]\nkind = "genrule"\nsrcs = ["**/*.txt", "py/**"]\nouts = ["l.txt"]\n'
+                               'cmd = "cd $SRC && find . -type f | sort > $OUT/l.txt"\n'}
+    ws = make_ws(files)
+    age(ws.root)
+    build(ws, "//p:a", "//q:all")
+    ws.write({"py/__pycache__/m.cpython-311.pyc": "bytecode\n"})
+    age(ws.root, 20)
+    listed = build(ws, "//q:all") and ws.read_output("//q:all", "l.txt")
+    assert "__pycache__" not in listed and "bgraph-out" not in listed and "./in.txt" in listed, listed
+
+
+def test_a_target_file_under_a_skipped_directory_is_not_loaded(make_ws):
+    """targets/**/__pycache__/*.toml and .git/ hold no target files: the record does not stamp them."""
+    ws = make_ws({**FILES, "targets/__pycache__/z.toml": '[z]\nkind = "genrule"\nouts = ["z"]\ncmd = "true"\n'})
+    run = ws.cli("build", "//__pycache__/z:z")
+    assert run.rc != 0 and "no target matches '//__pycache__/z:z'" in run.stderr, run.output
+
+
+def test_an_output_tree_changed_in_shape_takes_the_full_path(make_ws):
+    """A file added to a linked output tree, or a directory link in it re-pointed, is seen by the
+    no-op (directories and links are stamped too), and the full path makes the tree again."""
+    files = {**FILES, "targets/t.toml": '[t]\nkind = "genrule"\nouts = ["d"]\n'
+                                        'cmd = "mkdir -p $OUT/d/one $OUT/d/two && echo 1 > $OUT/d/one/f && '
+                                        'echo 2 > $OUT/d/two/f && ln -s one $OUT/d/link"\n'}
+    ws = make_ws(files)
+    age(ws.root)
+    build(ws, "//t:t")
+    top = (ws.root / "bgraph-out/t/t/d").resolve()
+    os.chmod(top, 0o755)
+    (top / "extra.txt").write_text("added\n")
+    assert UP_TO_DATE not in build(ws, "//t:t").stderr
+    assert not (ws.root / "bgraph-out/t/t/d/extra.txt").exists()
+    assert UP_TO_DATE in build(ws, "//t:t").stderr
+    top = (ws.root / "bgraph-out/t/t/d").resolve()
+    os.chmod(top, 0o755)
+    (top / "link").unlink()
+    (top / "link").symlink_to("two")
+    assert UP_TO_DATE not in build(ws, "//t:t").stderr
+    assert ws.read_output("//t:t", "d/link/f") == "1\n"
+
+
+def _running(marker: str) -> bool:
+    """Whether some process's command line holds `marker`."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _tool_ws(make_ws, tmp_path, cmd: str):
+    tools = tmp_path / "tools"
+    tools.mkdir(exist_ok=True)
+    tool = tools / "mytool"
+    tool.write_text("#!/bin/sh\necho tool-v1\n")
+    tool.chmod(0o755)
+    ws = make_ws({**FILES, "b.txt": "b\n",
+                  "targets/toolchains.toml": f'[host]\nkind = "host_tools"\npaths = ["/usr", "{tools}"]\n'
+                                             f'tools = ["/usr/bin/sh", "{tool}"]\n',
+                  "targets/t.toml": f'[x]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["x.txt"]\n'
+                                    f'cmd = "{cmd}"\n\n'
+                                    '[y]\nkind = "genrule"\nsrcs = ["b.txt"]\nouts = ["y.txt"]\n'
+                                    'cmd = "cat $SRC/b.txt > $OUT/y.txt"\n'})
+    return ws, tool
+
+
+def test_a_host_tool_is_stamped_by_a_build_that_took_its_target_from_the_memo(make_ws, tmp_path):
+    """A build on the memo path (an unrelated edit) runs no probe; its record must still stamp
+    the host tools, else a tool upgrade afterwards is answered "up to date"."""
+    ws, tool = _tool_ws(make_ws, tmp_path, f"{tmp_path}/tools/mytool > $OUT/x.txt")
+    age(ws.root)
+    build(ws, "//t:x", "//t:y")
+    ws.write({"b.txt": "bb\n"})
+    age(ws.root, 20)
+    build(ws, "//t:x", "//t:y")  # the memo path: //toolchains:host taken whole
+    time.sleep(1)
+    tool.write_text("#!/bin/sh\necho tool-v2\n")
+    past = time.time() - 20
+    os.utime(tool, (past, past))
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    assert UP_TO_DATE not in build(ws, "//t:x", "//t:y").stderr
+    assert ws.read_output("//t:x", "x.txt") == "tool-v2\n"
+
+
+def test_a_host_tool_replaced_while_its_action_runs_leaves_no_result(make_ws, tmp_path):
+    """The key names the tool as probed: an action that ran another one fails and files nothing,
+    and the next build runs it with the tool as it is."""
+    ws, tool = _tool_ws(make_ws, tmp_path, f"sleep 2.0123; {tmp_path}/tools/mytool > $OUT/x.txt")
+    age(ws.root)
+    proc = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
+                             "build", "//t:x"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not _running("2.0123"):  # planned, probed, its action started
+        time.sleep(0.05)
+    new = tool.with_name("mytool.new")
+    new.write_text("#!/bin/sh\necho tool-v2\n")
+    new.chmod(0o755)
+    new.rename(tool)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "changed while the action ran" in err, err
+    run = build(ws, "//t:x")
+    assert "executed 1" in run.stderr and ws.read_output("//t:x", "x.txt") == "tool-v2\n"

@@ -59,6 +59,21 @@ def test_bad_package_declaration(make_ws):
     assert msg.startswith("targets/p.toml:2 key 'package': bad package 'p'")
 
 
+@pytest.mark.parametrize("declared", ["//../victim", "//a/./b", "//.."])
+def test_a_package_of_dots_is_refused(make_ws, declared):
+    """`package = "//../victim"` linked bgraph-out/../victim/x over a workspace file."""
+    ws = make_ws({"targets/p.toml": f'package = "{declared}"\n' + GENRULE.format(name="x")})
+    assert load_error(ws).startswith(f"targets/p.toml:1 key 'package': bad package '{declared}'")
+
+
+@pytest.mark.parametrize("path", ["targets/aarch64.toml", "targets/x86_64/p.toml"])
+def test_a_package_named_after_a_platform_is_refused(make_ws, path):
+    """bgraph-out/aarch64/p/x holds //p:x built for aarch64: //aarch64/p:x would share the link."""
+    ws = make_ws({path: GENRULE.format(name="x")})
+    msg = load_error(ws)
+    assert msg.startswith(f"{path}: package //") and "begins with the platform name" in msg, msg
+
+
 def test_malformed_toml_names_file_and_line(make_ws):
     ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["o"\ncmd = "x"\n'})
     msg = load_error(ws)

@@ -190,12 +190,15 @@ class Reuse:
 
     def taken(self, name: str, redefined: bool, deps: dict[str, Any], damaged) -> Entry | None:
         """The entry of a target the build takes as the last one left it: none of its sources
-        changed, its definition did not (`redefined`), each dependency's output (`deps`: name ->
-        output now) is the one it was built from, and its own output verifies (`damaged(tree)`
-        lists nothing: else it was changed or collected); None: the rebuilder decides."""
+        changed, its definition did not (`redefined`), its dependencies (`deps`: name -> output
+        now) are the configured targets it was built from, each with the output it had then, and
+        its own output verifies (`damaged(tree)` lists nothing: else it was changed or
+        collected); None: the rebuilder decides."""
         e = self.entry(name)
         if e is None or redefined:
             return None
+        if set(deps) != set(e.deps):
+            return None  # a dependency configured otherwise now (another platform): another node
         for dep, output in deps.items():
             was = self.entries.get(dep)
             if was is None or output != was.output:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from build_graph.incremental import filestate
+from build_graph.roots import target_files
 from build_graph.store import uptodate
 from build_graph.store.statefile import StateFile
 
@@ -32,7 +33,7 @@ FORMAT = 2  # 2: a row of the state file
 
 def _inputs(root: Path) -> dict[str, Any]:
     """The stamps the parse depends on: the workspace's own files, bgraph's code, Python."""
-    files = [root / "WORKSPACE.toml", *sorted((root / "targets").rglob("*.toml"))]
+    files = [root / "WORKSPACE.toml", *target_files(root)]
     return {"format": FORMAT, "python": sys.version, "root": str(root),
             "files": {str(p): filestate.stamp(p) for p in [*files, *map(Path, uptodate.code_files())]}}
 

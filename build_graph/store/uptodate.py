@@ -46,14 +46,14 @@ import orjson
 
 from build_graph.incremental import filestate
 from build_graph.incremental.filestate import Stamp
+from build_graph.roots import OUT_DIR, UNSCANNED_DIRS
 from build_graph.store import atomic
 from build_graph.store.atomic import write_bytes
 
 if TYPE_CHECKING:
     from build_graph.store.statefile import StateFile
 
-FORMAT = 3  # 2: filestate stamps (ctime, mode, link text); 3: a row, its memo beside it
-SKIPPED_NAMES = frozenset({".git", "__pycache__"})
+FORMAT = 4  # 2: filestate stamps (ctime, mode, link text); 3: a row, its memo beside it; 4: outputs stamp directories and links too
 
 
 def request_digest(parts: dict[str, Any]) -> str:
@@ -74,7 +74,7 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
     is part of the stamp); a link to a directory raises Unrecordable (what changes behind it
     would go unseen). A name that is not valid UTF-8 is kept as "\\0" and its bytes in hex (no
     source can have such a name: planner.expand_sources refuses it)."""
-    skipped = {str(root / "bgraph-out"), *skip}
+    skipped = {str(root / OUT_DIR), *skip}
     files: dict[str, Stamp] = {}
     prefix = len(str(root)) + 1
     stack = [str(root)]
@@ -82,7 +82,7 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
         top = stack.pop()
         with os.scandir(top) as it:
             for entry in it:
-                if entry.name in SKIPPED_NAMES or entry.path in skipped:
+                if entry.name in UNSCANNED_DIRS or entry.path in skipped:
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
@@ -116,7 +116,7 @@ class Record:
     racy: list[str]  # scanned files modified within RACY_S of the scan: always taken as changed
     extra: dict[str, Stamp | None]  # absolute path -> stamp: code, config, host tools, the cache's generation
     links: dict[str, str]  # requested target -> its bgraph-out link's target
-    outputs: dict[str, Stamp]  # absolute path -> stamp, for every file under those link targets
+    outputs: dict[str, Stamp]  # absolute path -> stamp, for every file, directory and link under those link targets
     summary: dict[str, Any] = field(default_factory=dict)  # counts and the link of each label, as printed
     python: str = sys.version
     format: int = FORMAT
@@ -137,14 +137,16 @@ class Record:
 
 
 def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
-    """The stamp of every file the outputs' links lead to."""
+    """The stamp of every file, directory and link the outputs' links lead to: a directory's
+    stamp moves when a name is added, removed or renamed in it, and a link's holds its text, so
+    an output tree changed in shape (a file added, a directory link re-pointed) is seen too."""
     stamps: dict[str, Stamp] = {}
     for target in links.values():
+        stamps[target] = stamp_of(target)
         if not os.path.isdir(target):
-            stamps[target] = stamp_of(target)
             continue
-        for dirpath, _dirs, names in os.walk(target):
-            for name in names:
+        for dirpath, dirs, names in os.walk(target):  # links to directories are in `dirs`, not followed
+            for name in dirs + names:
                 path = os.path.join(dirpath, name)
                 stamps[path] = stamp_of(path)
     return stamps
