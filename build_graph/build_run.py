@@ -98,7 +98,7 @@ class BuildRun:
         self.order = self.graph.order
         # A missing source is a load error: report it before running anything (kept for planning).
         # A target the memo knows had these same files then (no file was added or removed).
-        files = SourceFiles(engine.ws.root)
+        files = SourceFiles(engine.ws.root, engine.cache_dir)
         # After a target file changed, the targets whose definitions differ from the memo's.
         self.redefined = {label for label in self.order if self.reuse is not None and self.reuse.definitions
                           and str(label) in self.reuse.entries

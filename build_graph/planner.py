@@ -29,14 +29,16 @@ def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
     `files`: the build's SourceFiles, shared by the targets it expands."""
     out: dict[str, list[str]] = {}
     seen: dict[str, set[str]] = {}  # out's paths per key (a list's `in` made a big glob quadratic)
-    is_file = (files or SourceFiles(ws.root)).is_file
+    files = files or SourceFiles(ws.root)
+    is_file, cache = files.is_file, files.cache_prefix
     for key, pattern in RULES[target.kind].sources(target.attrs):
         if pattern.startswith("/") or ".." in pattern.split("/"):
             raise LoadError(f"source {pattern!r} must be a path inside the workspace",
                             where=where(target.file, target.table, key))
         if "*" in pattern or "?" in pattern or "[" in pattern:
             matches = sorted(rel for p in glob.glob(str(ws.root / pattern), recursive=True)
-                             if globbed(rel := os.path.relpath(p, ws.root)) and os.path.isfile(p))
+                             if globbed(rel := os.path.relpath(p, ws.root)) and not (cache and rel.startswith(cache))
+                             and os.path.isfile(p))
             if not matches:
                 raise LoadError(f"glob {pattern!r} matches no file", where=where(target.file, target.table, key))
             for m in matches:
@@ -81,8 +83,12 @@ class SourceFiles:
 
     LIST_AFTER = 32
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cache: Path | None = None) -> None:
         self.root = os.fspath(root)
+        # The build's cache, where it lies inside the workspace: the no-op scan skips it, so a
+        # glob must never match there (its files change with every build).
+        inside = cache is not None and Path(os.path.realpath(cache)).is_relative_to(os.path.realpath(root))
+        self.cache_prefix = os.path.relpath(os.path.realpath(cache), os.path.realpath(root)) + "/" if inside else None
         self._asked: dict[str, int] = {}
         self._listed: dict[str, dict[str, bool | None]] = {}
 

@@ -131,3 +131,20 @@ def test_a_listed_directory_answers_as_stat_does(tmp_path):
     assert "d" in files._listed and "" not in files._listed  # the root was asked about twice only
     (tmp_path / "d" / "f1.txt").unlink()  # listed once per build: a build sees its start
     assert files.is_file("d/f1.txt") and not SourceFiles(tmp_path).is_file("d/f1.txt")
+
+
+def test_a_glob_skips_the_cache_bgraph_out_and_pycache(make_ws):
+    """What the no-op scan never stamps is never a globbed source: the build's cache where it lies
+    in the workspace, bgraph-out/, __pycache__/ (a file named outright there is still read)."""
+    from build_graph.planner import SourceFiles, expand_sources
+    from build_graph.workspace import load
+
+    ws = make_ws({"a/x.txt": "x\n", "a/__pycache__/y.txt": "y\n", "bgraph-out/p/z.txt": "z\n",
+                  "cache/v1/state.txt": "s\n",
+                  "targets/p.toml": '[g]\nkind = "genrule"\nsrcs = ["**/*.txt", "a/__pycache__/y.txt"]\n'
+                                    'outs = ["o"]\ncmd = "true"\n'})
+    loaded = load(ws.root)
+    target = loaded.targets[Label("p", "g")]
+    got = expand_sources(loaded, target, files=SourceFiles(loaded.root, loaded.root / "cache"))
+    assert got == {"srcs": ["a/x.txt", "a/__pycache__/y.txt"]}
+    assert "cache/v1/state.txt" in expand_sources(loaded, target)["srcs"]  # no cache named: only the fixed names
