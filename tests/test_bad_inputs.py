@@ -148,3 +148,13 @@ def test_a_damaged_record_memo_or_kept_parse_is_ignored(make_ws):
         db.execute("UPDATE parses SET parse = ?", (b"\x00garbage{",))
     run = ws.cli("build", "//p:a")
     assert run.rc == 0 and "Traceback" not in run.output, run.output
+
+
+@pytest.mark.parametrize("path", ["/run", "/var/run/docker.sock", "/tmp", "/proc", "/"])
+def test_a_host_path_holding_the_hosts_sockets_is_refused(make_ws, path):
+    """A read-only bind still lets an action connect() to a Unix socket under it (red-team read K6)."""
+    ws = make_ws({"targets/toolchains.toml": f'[host]\nkind = "host_tools"\npaths = ["/usr", "{path}"]\n'
+                                             'tools = ["/usr/bin/sh"]\n',
+                  "targets/p.toml": '[a]\nkind = "genrule"\nouts = ["a"]\ncmd = "true > $OUT/a"\n'})
+    run = ws.cli("build", "//p:a")
+    assert run.rc != 0 and "holds the host's sockets or live state" in run.stderr and "Traceback" not in run.output

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field, field_validator
 
 from build_graph.model import EMPTY_TREE, TargetOutput
 from build_graph.rules.base import Attrs, PlanGen, RuleContext
+
+
+_LIVE_DIRS = ("/run", "/var/run", "/dev", "/proc", "/sys")  # and below them
+_SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/var")  # themselves (every user's sockets lie there)
 
 
 class HostToolsAttrs(Attrs):
@@ -18,6 +24,18 @@ class HostToolsAttrs(Attrs):
         for p in v:
             if not p.startswith("/"):
                 raise ValueError(f"{p!r} must be an absolute path")
+        return v
+
+    @field_validator("paths")
+    @classmethod
+    def _no_live_state(cls, v: list[str]) -> list[str]:
+        # A read-only bind still lets an action connect to a Unix socket under it (docker.sock, a
+        # database's), and /proc, /sys and /dev are the host's live state, not tools.
+        for p in v:
+            norm = os.path.normpath(p)
+            if norm in _SHARED_DIRS or any(norm == d or norm.startswith(d + "/") for d in _LIVE_DIRS):
+                raise ValueError(f"{p!r} holds the host's sockets or live state: mount the directories of the "
+                                 "tools themselves (such as /usr)")
         return v
 
 
