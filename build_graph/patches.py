@@ -10,6 +10,7 @@ where an earlier hunk of the same file was left out).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import unidiff
@@ -73,6 +74,28 @@ def split(patch: str, text: str, strip: int = 1) -> list[Hunk]:
 def files_changed(patch: str, text: str, strip: int = 1) -> list[str]:
     """The files the patch changes (creates, edits or deletes), in order."""
     return list(dict.fromkeys(_changed_file(pf, strip) for pf in _parse(patch, text)))
+
+
+# What GNU patch acts on: a unified (`@@ -`), context (`***************`) or normal-diff
+# (`12,14c12`) hunk, or a git header that changes a file without one (a mode change, a rename
+# or copy, an empty file created or deleted).
+_HUNK = re.compile(r"^(@@ -\d|\*{15}|\d+(,\d+)?[acd]\d+(,\d+)?$)", re.M)
+_GIT_ONLY = re.compile(r"^(old mode|new mode|rename from|copy from|new file mode|deleted file mode) ", re.M)
+# A git diff made without --binary: GNU patch skips such a file and still exits 0.
+_BINARY = re.compile(r"^Binary files (.*) and (.*) differ$", re.M)
+
+
+def inert(text: str) -> str | None:
+    """Why applying the patch `text` would change nothing while GNU patch reports success (an
+    empty file, a binary change git left out), or None where it holds a change."""
+    binary = _BINARY.search(text)
+    if binary:
+        name = binary.group(2) if binary.group(2) != "/dev/null" else binary.group(1)
+        return (f"it holds a binary change to {name} without its content (a git diff made without "
+                "--binary), which patch skips while reporting success")
+    if not _HUNK.search(text) and not _GIT_ONLY.search(text):
+        return "it holds no hunk (an empty or truncated file?), so applying it would change nothing"
+    return None
 
 
 def decode(data: bytes) -> str:

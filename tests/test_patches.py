@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from build_graph.errors import LoadError
-from build_graph.patches import decode, encode, files_changed, split
+from bgraph_testlib import requires_bwrap
+from build_graph.patches import decode, encode, files_changed, inert, split
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 31))
 PATCH = """Two files: an edit with two hunks, and a new file.
@@ -87,3 +88,45 @@ def test_bad_patches_are_load_errors_naming_the_patch(text, message):
     with pytest.raises(LoadError) as e:
         split("patches/bad.patch", text)
     assert message in str(e.value.render()) and "patches/bad.patch" in e.value.render()
+
+
+@pytest.mark.parametrize("text, why", [
+    ("", "holds no hunk"),
+    ("Just a commit message, the diff cut off.\n", "holds no hunk"),
+    ("diff --git a/b.bin b/b.bin\nnew file mode 100644\nindex 0000000..e69de29\n"
+     "Binary files /dev/null and b/b.bin differ\n", "binary change to b/b.bin"),
+])
+def test_a_patch_that_changes_nothing_is_inert(text, why):
+    assert why in inert(text)
+
+
+@pytest.mark.parametrize("text", [
+    PATCH,
+    "*** a/x\n--- b/x\n***************\n*** 1 ****\n! a\n--- 1 ----\n! b\n",  # context diff
+    "1c1\n< a\n---\n> b\n",  # normal diff
+    "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n",  # git: a mode change alone
+    "diff --git a/e b/e\nnew file mode 100644\nindex 0000000..e69de29\n",  # git: an empty file created
+])
+def test_a_patch_holding_a_change_is_not_inert(text):
+    assert inert(text) is None
+
+
+PATCHED = ('[orig]\nkind = "genrule"\nouts = ["hello.txt"]\ncmd = "echo hi > $OUT/hello.txt"\n\n'
+           '[patched]\nkind = "patched_tree"\nsrc = ":orig"\npatches = ["patches/p/*.patch"]\n')
+
+
+@requires_bwrap
+@pytest.mark.parametrize("text, said", [
+    ("", "holds no hunk"),
+    ("diff --git a/b.bin b/b.bin\nnew file mode 100644\nindex 0000000..e69de29\n"
+     "Binary files /dev/null and b/b.bin differ\n", "binary change to b/b.bin"),
+])
+def test_building_with_a_patch_that_changes_nothing_is_refused_naming_it(make_ws, text, said):
+    """GNU patch 'applies' an empty patch, or a git diff made without --binary, exiting 0 with
+    the tree unchanged: the build said nothing while `bgraph audit` said 'no hunk'."""
+    ws = make_ws({"targets/p.toml": PATCHED, "patches/p/0001-fix.patch": text})
+    run = ws.cli("build", "//p:patched")
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert run.rc != 0 and "Traceback" not in run.output, run.output
+    assert len(errors) == 1 and "patches/p/0001-fix.patch" in errors[0] and said in errors[0], run.output
+    assert "hint:" in run.stderr

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from build_graph.model import TargetOutput
+from build_graph.model import FileEntry, TargetOutput
+from build_graph.patches import decode, inert
 from build_graph.rules.base import SRC, Attrs, PlanGen, RuleContext, labels_in
 
 # Each patch is applied alone so a failure names the patch file; patch itself names file and hunk.
@@ -58,6 +59,12 @@ def plan_patched_tree(ctx: RuleContext) -> PlanGen:
     patches = ctx.extra["expanded"].get("patches", [])
     if not patches:
         return TargetOutput(tree, {"patches": [], **dict(src.info)})
+    for p in patches:
+        entry = ctx.sources.get(p)
+        why = inert(decode(ctx.read(entry))) if isinstance(entry, FileEntry) else None
+        if why:
+            raise ctx.fail(f"patch {p} would be applied as a no-op: {why}", "patches",
+                           hint="regenerate the patch (git diff --binary for binary files) or drop it from patches")
     [out] = yield [ctx.exec_action(
         "apply patches", "Patch", ["/bin/sh", "-c", APPLY, "apply", *patches],
         inputs={"/bgraph/in/src": tree, SRC: ctx.sources.select(patches)},
