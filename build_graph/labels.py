@@ -15,10 +15,12 @@ from build_graph.errors import LabelError
 _SEGMENT = r"(?!\.+(?![A-Za-z0-9_.+-]))[A-Za-z0-9_.+-]+"
 _PKG = rf"{_SEGMENT}(?:/{_SEGMENT})*"
 _NAME = _SEGMENT
-_PKG_RE = re.compile(rf"^(?:{_PKG})?$")
-_LABEL_RE = re.compile(rf"^//(?P<pkg>{_PKG})?:(?P<name>{_NAME})$")
-_RELATIVE_RE = re.compile(rf"^:(?P<name>{_NAME})$")
-_RECURSIVE_RE = re.compile(rf"^//(?:(?P<pkg>{_PKG})/)?\.\.\.$")
+# Matched whole (fullmatch): `$` would also match before a final newline, and a table named
+# "ok\n" would be the label //p:ok.
+_PKG_RE = re.compile(rf"(?:{_PKG})?")
+_LABEL_RE = re.compile(rf"//(?P<pkg>{_PKG})?:(?P<name>{_NAME})")
+_RELATIVE_RE = re.compile(rf":(?P<name>{_NAME})")
+_RECURSIVE_RE = re.compile(rf"//(?:(?P<pkg>{_PKG})/)?\.\.\.")
 
 
 def hashed_once(*fields: str):
@@ -72,17 +74,17 @@ def parse_label(text: str, *, package: str | None = None, where: str | None = No
 
 def valid_package(package: str) -> bool:
     """Whether `package` (without the leading //) may name a package."""
-    return bool(_PKG_RE.match(package))
+    return bool(_PKG_RE.fullmatch(package))
 
 
 @functools.lru_cache(maxsize=1 << 18)
 def _parsed(text: str, package: str | None) -> Label | None:
     """The label `text` names (None: not a label), memoized: planning parses each dependency
     text three times (configure, the cycle check, the rule's plan)."""
-    m = _LABEL_RE.match(text)
+    m = _LABEL_RE.fullmatch(text)
     if m:
         return Label(m.group("pkg") or "", m.group("name"))
-    m = _RELATIVE_RE.match(text)
+    m = _RELATIVE_RE.fullmatch(text)
     if m and package is not None:
         return Label(package, m.group("name"))
     return None
@@ -103,7 +105,7 @@ class Pattern:
 
 
 def parse_pattern(text: str) -> Pattern:
-    m = _RECURSIVE_RE.match(text)
+    m = _RECURSIVE_RE.fullmatch(text)
     if m:
         return Pattern(m.group("pkg") or "", None, recursive=True)
     label = parse_label(text)

@@ -5,6 +5,7 @@ Every error names the file, the table and the key, and the line where one can be
 
 from __future__ import annotations
 
+import json
 import platform as _platform
 import re
 import tomllib
@@ -20,8 +21,9 @@ from build_graph.labels import Label, parse_label, unknown_label, valid_package
 from build_graph.roots import find_root, target_files, user_config_path  # noqa: F401  (re-exported)
 
 PLATFORMS = ("x86_64", "aarch64")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-ARCH_RE = re.compile(r"^\d+\.\d+[af]?$")
+# Matched whole (fullmatch): `$` also matches before a final newline.
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+ARCH_RE = re.compile(r"\d+\.\d+[af]?")
 
 
 def host_platform() -> str:
@@ -35,7 +37,7 @@ class Strict(BaseModel):
 
 
 def _sha256(value: str) -> str:
-    if not SHA256_RE.match(value):
+    if not SHA256_RE.fullmatch(value):
         raise ValueError("must be 64 lowercase hex digits (a sha256)")
     return value
 
@@ -161,7 +163,7 @@ class WorkspaceModel(Strict):
             if not archs:
                 raise ValueError(f"arch set {name!r} is empty; name at least one arch, e.g. ['12.1a']")
             for a in archs:
-                if not ARCH_RE.match(a):
+                if not ARCH_RE.fullmatch(a):
                     raise ValueError(f"arch set {name!r}: {a!r} is not an arch like '12.1a', '12.0f' or '9.0'")
         return v
 
@@ -211,7 +213,7 @@ class Workspace:
         if not spec:  # nvcc would quietly build its default arch
             raise LoadError("an empty arch list", where=where_, hint="name at least one arch, e.g. archs = [\"12.1a\"]")
         for a in spec:
-            if not ARCH_RE.match(a):
+            if not ARCH_RE.fullmatch(a):
                 raise LoadError(f"{a!r} is not an arch like '12.1a'", where=where_)
         return list(spec)
 
@@ -226,6 +228,11 @@ def table_lines(text: str) -> dict[str, int]:
         m = _HEADER.match(line)
         if m:
             name = m.group(1) if m.group(1) is not None else re.sub(r"\s*\.\s*", ".", m.group(2))
+            if m.group(1) is not None and "\\" in name:  # ["ok\n"]: the key the escapes spell
+                try:
+                    name = tomllib.loads(f'k = "{name}"')["k"]
+                except tomllib.TOMLDecodeError:
+                    pass
             lines.setdefault(name, i + 1)
     return lines
 
@@ -356,10 +363,16 @@ def load(root: Path) -> Workspace:
         packages[package] = rel.as_posix()
         starts = table_lines(text)
         for name, table in data.items():
-            loc = where(rel.as_posix(), name, None, starts.get(name))
+            # A name with a newline or other control character is shown as its TOML header
+            # writes it (quoted, escaped), so the error stays one line.
+            loc = where(rel.as_posix(), name if name.isprintable() else json.dumps(name), None, starts.get(name))
             if not isinstance(table, dict):
                 raise LoadError("a target must be a table ([name] with kind = ...)", where=loc)
-            raw[parse_label(f"//{package}:{name}", where=loc)] = (table, rel.as_posix(), name, text, starts.get(name))
+            label = parse_label(f"//{package}:{name}", where=loc)
+            if label in raw:  # one label, two tables: the later would silently replace the earlier
+                raise LoadError(f"target {label} is declared twice (also by table {raw[label][2]!r} in {raw[label][1]})",
+                                where=loc, hint="rename one of the two tables")
+            raw[label] = (table, rel.as_posix(), name, text, starts.get(name))
     for label, (table, file, name, text, _line) in raw.items():
         table = _with_base(label, raw)
         kind = table.get("kind")

@@ -76,6 +76,9 @@ CASES = {
     "-j negative": ({"targets/p.toml": GENRULE}, ["build", "-j", "-1", "//p:a"]),
     "--max-mem negative": ({"targets/p.toml": GENRULE}, ["build", "--max-mem", "-5", "//p:a"]),
     "--check-sample negative": ({"targets/p.toml": GENRULE}, ["build", "--check-sample", "-3", "//p:a"]),
+    "table name ending in a newline": ({"targets/p.toml": GENRULE + GENRULE.replace("[a]", '["a\\n"]')},
+                                       ["build", "//p:a"]),
+    "label argument ending in a newline": ({"targets/p.toml": GENRULE}, ["build", "//p:a\n"]),
 }
 
 

@@ -108,3 +108,15 @@ def test_cli_unknown_label_exits_2_with_suggestion(make_ws):
     assert "Traceback" not in run.stderr
     run = ws.cli("build", "//p:a:b")
     assert run.rc == 2 and "bad label '//p:a:b'" in run.stderr
+
+
+@pytest.mark.parametrize("text", ["//p:ok\n", "//p\n:ok", ":ok\n", "//...\n", "//p/...\n", "//p:all\n"])
+def test_a_final_newline_is_no_label_or_pattern(text):
+    """`$` matches before a final newline: //p:ok\\n was //p:ok."""
+    with pytest.raises(LabelError):
+        parse_pattern(text) if "..." in text or "all" in text else parse_label(text, package="p")
+
+
+def test_a_package_with_a_final_newline_is_invalid():
+    from build_graph.labels import valid_package
+    assert valid_package("a/b") and not valid_package("a/b\n")

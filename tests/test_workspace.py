@@ -66,6 +66,30 @@ def test_a_package_of_dots_is_refused(make_ws, declared):
     assert load_error(ws).startswith(f"targets/p.toml:1 key 'package': bad package '{declared}'")
 
 
+def test_a_table_name_ending_in_a_newline_is_no_label(make_ws):
+    """["ok\\n"] was the label //p:ok (a regex's `$` matches before a final newline) and silently
+    replaced the real [ok]; the error shows the name as its header writes it, on one line."""
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="ok") + "\n" + GENRULE.format(name='"ok\\n"')})
+    msg = load_error(ws)
+    assert "\n" not in msg.split("\n  hint")[0] and 'targets/p.toml:6 ["ok\\n"]: bad label' in msg, msg
+
+
+def test_two_tables_of_one_label_are_refused(make_ws, monkeypatch):
+    """Should two tables ever give one label, the later must not silently replace the earlier."""
+    import build_graph.workspace as workspace
+    monkeypatch.setattr(workspace, "parse_label", lambda text, **kw: Label("p", "a"))
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a") + "\n" + GENRULE.format(name="b")}, toolchains=False)
+    msg = load_error(ws)
+    assert msg.startswith("targets/p.toml:6 [b]: target //p:a is declared twice (also by table 'a' in targets/p.toml)"), msg
+
+
+@pytest.mark.parametrize("value", ["a" * 64 + "\\n", "\\n" + "a" * 64])
+def test_a_sha256_with_a_newline_is_refused(make_ws, value):
+    ws = make_ws({"WORKSPACE.toml": f'[workspace]\nname = "t"\n\n[pins.x]\nkind = "url"\nurl = "file:///x"\n'
+                                    f'sha256 = "{value}"\n'})
+    assert "must be 64 lowercase hex digits" in load_error(ws)
+
+
 @pytest.mark.parametrize("path", ["targets/aarch64.toml", "targets/x86_64/p.toml"])
 def test_a_package_named_after_a_platform_is_refused(make_ws, path):
     """bgraph-out/aarch64/p/x holds //p:x built for aarch64: //aarch64/p:x would share the link."""
