@@ -4,6 +4,7 @@ that the no-op check can run before anything heavy is imported."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from build_graph.errors import LoadError
@@ -27,6 +28,24 @@ def target_files(root: Path) -> list[Path]:
     """The workspace's target files: every targets/**/*.toml outside the unscanned directories."""
     return sorted(p for p in (root / "targets").rglob("*.toml")
                   if not UNSCANNED_DIRS.intersection(p.relative_to(root).parts[:-1]))
+
+
+def regular_bytes(path: Path) -> bytes:
+    """The bytes of `path`, where it is a regular file (or a link to one); OSError where it cannot
+    be read, NotRegular where it is something else: a FIFO's read blocks until a writer comes
+    (forever), a device's never ends, so neither is opened."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegular(_KINDS.get(stat.S_IFMT(mode), "not a regular file"))
+    return path.read_bytes()
+
+
+class NotRegular(Exception):
+    """A path that should be a file is a FIFO, a directory, a device or a socket (the message says which)."""
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
 def find_root(start: Path) -> Path:
@@ -75,8 +94,8 @@ def state_file(flag: str | None, root: Path) -> Path | None:
     build reports it)."""
     from build_graph.store.statefile import STATE_FILE
     try:
-        data = (root / "WORKSPACE.toml").read_bytes()
-    except OSError:
+        data = regular_bytes(root / "WORKSPACE.toml")
+    except (OSError, NotRegular):
         return None
     raw: dict = {}
     # Parsed only where it can choose something here: tomllib is pure Python (its import and a

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from build_graph.errors import LoadError, where
 from build_graph.labels import Label, parse_label, unknown_label, valid_package
+from build_graph.roots import NotRegular, regular_bytes
 from build_graph.roots import find_root, target_files, user_config_path  # noqa: F401  (re-exported)
 
 PLATFORMS = ("x86_64", "aarch64")
@@ -281,9 +282,13 @@ def _validation_error(exc: ValidationError, file: str, text: str, table_prefix: 
 
 def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:
     try:
-        data = path.read_bytes()
+        data = regular_bytes(path)
     except OSError as e:
         raise LoadError(f"cannot read: {e.strerror}", where=rel) from None
+    except NotRegular as e:
+        raise LoadError(f"not a regular file: it is {e}", where=rel,
+                        hint="bgraph reads its TOML files only from regular files (or links to them): "
+                             "replace or remove it") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -5,6 +5,7 @@ hint), a non-zero exit, and never a traceback. The transcript of all of them is 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,29 @@ def test_a_host_path_holding_the_hosts_sockets_is_refused(make_ws, path):
                   "targets/p.toml": '[a]\nkind = "genrule"\nouts = ["a"]\ncmd = "true > $OUT/a"\n'})
     run = ws.cli("build", "//p:a")
     assert run.rc != 0 and "holds the host's sockets or live state" in run.stderr and "Traceback" not in run.output
+
+
+def _one_error(run) -> str:
+    """The one error line of a failed run, which must have no traceback."""
+    assert run.rc != 0 and "Traceback" not in run.output, run.output
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, run.output
+    return errors[0]
+
+
+@requires_bwrap
+@pytest.mark.parametrize("rel", ["targets/f.toml", "WORKSPACE.toml"])
+def test_a_fifo_where_a_toml_file_belongs(make_ws, rel):
+    """A FIFO at targets/f.toml or WORKSPACE.toml hung every command (the read waits for a writer):
+    it is refused without being opened, and the previous output stays a hit."""
+    ws = make_ws({"targets/p.toml": GENRULE})
+    assert ws.cli("build", "//p:a").rc == 0
+    saved = (ws.root / "WORKSPACE.toml").read_bytes()
+    (ws.root / rel).unlink(missing_ok=True)
+    os.mkfifo(ws.root / rel)
+    for argv in (["build", "//p:a"], ["query", "//..."]):
+        assert _one_error(ws.cli(*argv, timeout=60)).endswith(f"{rel}: not a regular file: it is a FIFO")
+    (ws.root / rel).unlink()
+    (ws.root / "WORKSPACE.toml").write_bytes(saved)
+    run = ws.build("//p:a")
+    assert run.rc == 0 and run.json["executed"] == 0, run.output
