@@ -62,7 +62,12 @@ def workspace_root(flag: str | None) -> Path:
 
 
 def chosen_cache(flag: str | None, root: Path) -> Path | None:
-    """The cache named by --cache-dir or $BGRAPH_CACHE (known before WORKSPACE.toml is read), if any."""
+    """The cache named by --cache-dir or $BGRAPH_CACHE (known before WORKSPACE.toml is read), if any;
+    a LoadError for `--cache-dir ''` (a script's unset variable), which would otherwise be no flag
+    and build into the user's everyday cache."""
+    if flag == "":
+        raise LoadError("--cache-dir is empty", hint="name the cache directory, or leave the flag out "
+                        "for $BGRAPH_CACHE, WORKSPACE.toml's cache_dir or ~/.cache/bgraph")
     chosen = flag or os.environ.get("BGRAPH_CACHE")
     return under(root, chosen) if chosen else None
 

@@ -188,3 +188,16 @@ def test_a_fifo_where_a_toml_file_belongs(make_ws, rel):
     (ws.root / "WORKSPACE.toml").write_bytes(saved)
     run = ws.build("//p:a")
     assert run.rc == 0 and run.json["executed"] == 0, run.output
+
+
+@requires_bwrap
+def test_an_empty_cache_dir_is_refused(make_ws, tmp_path):
+    """`--cache-dir ''` (a script's unset variable) was no flag: the build went to
+    ~/.cache/bgraph. Each command refuses it and writes no cache anywhere."""
+    ws = make_ws({"targets/p.toml": GENRULE})
+    home = tmp_path / "home"
+    home.mkdir()
+    for argv in (["build", "//p:a"], ["query", "//..."], ["cache", "gc"]):
+        line = _one_error(ws.cli("--cache-dir", "", *argv, env={"HOME": str(home), "XDG_CACHE_HOME": str(home)}))
+        assert line == "error: --cache-dir is empty", line
+    assert not any(home.iterdir()) and not ws.cache.exists()
