@@ -49,6 +49,45 @@ from build_graph.store.cas import CHUNK, LocalCas
 AR_MAGIC = b"!<arch>\n"
 MAX_LINK_TARGET = 4096  # PATH_MAX: a zip symlink's target is its member's bytes
 HOLD_BYTES = 64 << 20  # staged blobs kept in memory up to this much; the rest go to staging files
+NAME_MAX = 255  # bytes in one path component: a longer one cannot be materialized (ENAMETOOLONG)
+# What Python's readers raise for a damaged, truncated or unsupported archive: bz2's and gzip's
+# bad data is an OSError with no errno, an encrypted zip member a RuntimeError, a compression
+# method zipfile lacks NotImplementedError, a zip name flagged UTF-8 that is not a ValueError.
+_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, lzma.LZMAError, zlib.error, EOFError, OSError,
+                RuntimeError, NotImplementedError, ValueError)
+UNREADABLE_HINT = ("the archive is corrupt, truncated, encrypted or uses a compression method Python's "
+                   "tarfile/zipfile do not read: check the pin's URL and sha256, or repack it (tar.gz/xz, or a "
+                   "zip stored or deflated)")
+NAME_HINT = "repack the archive with that member renamed, or strip_prefix past it if it is not needed"
+
+
+class _At:
+    """What an archive reader is reading now, for the message when Python's reader fails."""
+
+    __slots__ = ("reading",)
+
+    def __init__(self) -> None:
+        self.reading = "its first entry"
+
+
+def _shown(name: str) -> str:
+    """A member name as read (bytes that are not UTF-8 arrive as surrogates) printable: \\xe9."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _unreadable(err: BaseException, archive: str, at: _At) -> BaseException:
+    """Python's reader failing on the archive's bytes as one ArchiveError naming the member; an
+    OSError with an errno is the disk's (no space, no permission), not the archive's: kept."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return err
+    if isinstance(err, RuntimeError) and "encrypted" in str(err):
+        why = "it is encrypted (a password is needed)"
+    elif isinstance(err, NotImplementedError):
+        why = "its compression method is not supported" if "compression method" in str(err) else \
+            f"it uses what Python's reader does not support ({err})"
+    else:
+        why = f"corrupt or truncated data ({err})"
+    return ArchiveError(f"cannot read {at.reading}: {why}", where=archive, hint=UNREADABLE_HINT)
 
 
 def _safe_name(name: str, archive: str) -> str:
@@ -56,6 +95,15 @@ def _safe_name(name: str, archive: str) -> str:
     cleaned = name.replace("\\", "/")
     if "\0" in cleaned:
         raise ArchiveError(f"entry {name!r} has a NUL byte in its name; refused", where=archive)
+    try:
+        raw = cleaned.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile hands bytes that are not UTF-8 over as surrogates
+        raise ArchiveError(f"entry {_shown(name)!r} has a name that is not UTF-8; refused", where=archive,
+                           hint=NAME_HINT) from None
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise ArchiveError(f"entry {name[:80]!r}... has a name component of {len(longest)} bytes (at most "
+                           f"{NAME_MAX} can be a file's name); refused", where=archive, hint=NAME_HINT)
     if cleaned.startswith("/") or (len(cleaned) > 1 and cleaned[1] == ":"):
         raise ArchiveError(f"entry {name!r} has an absolute path; refused", where=archive)
     norm = posixpath.normpath(cleaned)
@@ -68,6 +116,11 @@ def _check_link(name: str, target: str, archive: str) -> None:
     """What one symlink's own name and target say (the whole tree is checked by _check_targets)."""
     if not target or "\0" in target:
         raise ArchiveError(f"symlink {name!r} -> {target!r} has an empty or NUL target; refused", where=archive)
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArchiveError(f"symlink {name!r} -> {_shown(target)!r} has a target that is not UTF-8; refused",
+                           where=archive, hint=NAME_HINT) from None
     if target.startswith("/"):
         raise ArchiveError(f"symlink {name!r} -> {target!r} points outside the root (absolute); refused",
                            where=archive)
@@ -150,18 +203,13 @@ def _checked(members: Iterator[tuple[str, object]], prefix: str, archive: str) -
     return {p: e for p, e in entries.items() if not (isinstance(e, DirEntry) and p in implied)}
 
 
-def _tar_entries(path: str, archive: str, cas) -> Iterator[tuple[str, object]]:
+def _tar_entries(path: str, archive: str, cas, at: _At) -> Iterator[tuple[str, object]]:
     try:
         tf = tarfile.open(path, "r:*")
     except tarfile.TarError as e:
-        raise ArchiveError(f"not a readable tar archive: {e}", where=archive) from None
+        raise ArchiveError(f"not a readable tar archive: {e}", where=archive, hint=UNREADABLE_HINT) from None
     with tf:
-        try:
-            yield from _tar_members(tf, archive, cas)
-        except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError, OSError) as e:
-            if isinstance(e, OSError) and e.errno is not None:
-                raise  # the disk, not the archive (gzip's and bz2's bad data carry no errno)
-            raise ArchiveError(f"not a readable tar archive: {e}", where=archive) from None
+        yield from _tar_members(tf, archive, cas, at)
 
 
 def _root_relative(name: str, target: str) -> str:
@@ -170,10 +218,14 @@ def _root_relative(name: str, target: str) -> str:
     return posixpath.relpath(inside, posixpath.dirname(name) or ".")
 
 
-def _tar_members(tf: tarfile.TarFile, archive: str, cas, root_links: bool = False) -> Iterator[tuple[str, object]]:
-    """The checked entries of an open tar; with root_links, absolute symlinks mean the root (.deb)."""
+def _tar_members(tf: tarfile.TarFile, archive: str, cas, at: _At, root_links: bool = False,
+                 within: str = "") -> Iterator[tuple[str, object]]:
+    """The checked entries of an open tar; with root_links, absolute symlinks mean the root (.deb).
+    `within`: the member of the outer archive this tar is (a .deb's data.tar), for messages."""
     seen: dict[str, object] = {}
+    at.reading = f"{within}its first entry"
     for m in tf:
+        at.reading = f"{within}member {_shown(m.name)!r}"
         name = _safe_name(m.name, archive)
         if not name:
             continue
@@ -203,6 +255,7 @@ def _tar_members(tf: tarfile.TarFile, archive: str, cas, root_links: bool = Fals
             raise ArchiveError(f"entry {m.name!r} is a device, fifo or other special file; refused", where=archive)
         seen[name] = entry
         yield name, entry
+        at.reading = f"{within}the entry after {_shown(m.name)!r}"
 
 
 class _Staged:
@@ -279,7 +332,7 @@ def _is_deb(path: str) -> bool:
         return f.read(len(AR_MAGIC)) == AR_MAGIC
 
 
-def _deb_entries(path: str, archive: str, cas) -> Iterator[tuple[str, object]]:
+def _deb_entries(path: str, archive: str, cas, at: _At) -> Iterator[tuple[str, object]]:
     """The entries of a .deb's data.tar member (maintainer scripts live in control.tar: never read)."""
     with open(path, "rb") as f:
         try:
@@ -294,10 +347,12 @@ def _deb_entries(path: str, archive: str, cas) -> Iterator[tuple[str, object]]:
             raise ArchiveError(f"{data[0]} is zstd-compressed, which is not supported (Debian 12's packages use xz)",
                                where=archive)
         try:
-            with tarfile.open(fileobj=members[data[0]], mode="r:*") as tf:
-                yield from _tar_members(tf, archive, cas, root_links=True)
+            tf = tarfile.open(fileobj=members[data[0]], mode="r:*")
         except (tarfile.TarError, lzma.LZMAError, zlib.error, EOFError) as e:
-            raise ArchiveError(f"{data[0]} is not a readable tar archive: {e}", where=archive) from None
+            raise ArchiveError(f"{data[0]} is not a readable tar archive: {e}", where=archive,
+                               hint=UNREADABLE_HINT) from None
+        with tf:
+            yield from _tar_members(tf, archive, cas, at, root_links=True, within=f"{data[0]}'s ")
 
 
 class _ZipMember:
@@ -312,8 +367,9 @@ class _ZipMember:
 _SPECIAL = (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO, stat.S_IFSOCK)
 
 
-def _zip_members(zf: zipfile.ZipFile, archive: str) -> Iterator[tuple[str, object]]:
+def _zip_members(zf: zipfile.ZipFile, archive: str, at: _At) -> Iterator[tuple[str, object]]:
     for info in zf.infolist():
+        at.reading = f"member {info.filename!r}"
         name = _safe_name(info.filename, archive)
         if not name:
             continue
@@ -338,23 +394,21 @@ def _zip_members(zf: zipfile.ZipFile, archive: str) -> Iterator[tuple[str, objec
             yield name, _ZipMember(info, bool(mode & 0o100))
 
 
-def _unzip(path: str, archive: str, cas: LocalCas, prefix: str) -> dict[str, object]:
+def _unzip(path: str, archive: str, cas: LocalCas, prefix: str, at: _At) -> dict[str, object]:
     """A zip's tree: every member checked from the central directory first, then the files
     under strip_prefix read into the CAS, a chunk at a time (see LocalCas.put_stream)."""
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise ArchiveError(f"not a readable zip archive: {e}", where=archive) from None
+    except (zipfile.BadZipFile, ValueError) as e:  # ValueError: a name flagged UTF-8 that is not
+        raise ArchiveError(f"not a readable zip archive: {e}", where=archive, hint=UNREADABLE_HINT) from None
     with zf:
-        entries = _checked(_zip_members(zf, archive), prefix, archive)
+        entries = _checked(_zip_members(zf, archive, at), prefix, archive)
         out: dict[str, object] = {}
         for p, e in entries.items():
             if isinstance(e, _ZipMember):
-                try:
-                    with zf.open(e.info) as member:
-                        e = cas.put_stream(member, executable=e.executable)
-                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
-                    raise ArchiveError(f"member {e.info.filename!r} is not readable: {err}", where=archive) from None
+                at.reading = f"member {e.info.filename!r}"
+                with zf.open(e.info) as member:
+                    e = cas.put_stream(member, executable=e.executable)
             out[p] = e
         return out
 
@@ -370,16 +424,21 @@ def extract(cas: LocalCas, action: Action) -> tuple[Tree, ActionResult]:
     path = str(cas.blob_path(blob.digest))
     prefix = spec.get("strip_prefix", "").strip("/")
     deb = _is_deb(path)
-    if not deb and zipfile.is_zipfile(path):
-        entries = _unzip(path, filename, cas, prefix)
-    else:
-        staged = _Staged(cas)
-        try:
-            entries = _checked((_deb_entries if deb else _tar_entries)(path, filename, staged), prefix, filename)
-            if entries or deb:
-                staged.commit(entries)
-        finally:
-            staged.discard()
+    at = _At()
+    try:
+        if not deb and zipfile.is_zipfile(path):
+            entries = _unzip(path, filename, cas, prefix, at)
+        else:
+            staged = _Staged(cas)
+            try:
+                entries = _checked((_deb_entries if deb else _tar_entries)(path, filename, staged, at), prefix,
+                                   filename)
+                if entries or deb:
+                    staged.commit(entries)
+            finally:
+                staged.discard()
+    except _READ_ERRORS as err:
+        raise _unreadable(err, filename, at) from None
     if not entries and not deb:  # a package may ship nothing (a transitional one)
         raise ArchiveError(f"nothing left after strip_prefix {prefix!r}", where=filename)
     tree = Tree(entries)

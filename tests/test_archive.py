@@ -589,3 +589,60 @@ def test_a_refused_archive_is_one_error_line_and_keeps_the_previous_outputs(make
     assert len(ws.ac_entries() - entries_before) == 1
     assert ws.read_output("//ext:pkg", "README") == "read me\n"
     assert not (ws.root / "bgraph-out/ext/pkg/x").exists()
+
+
+# -- archives Python's readers fail on: one ArchiveError naming the archive and the member -------
+def _damaged_zip(method: int) -> bytes:
+    """A zip whose one member's compressed bytes are flipped (bzip2: OSError, LZMA: LZMAError)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        info = zipfile.ZipInfo("top/a.txt")
+        info.external_attr, info.compress_type = 0o100644 << 16, method
+        zf.writestr(info, b"a" * 1000)
+    data = bytearray(buf.getvalue())
+    start = data.find(b"top/a.txt") + 13
+    for k in range(start, start + 20):
+        data[k] ^= 0x55
+    return bytes(data)
+
+
+def _flagged_zip(encrypted: bool) -> bytes:
+    """An encrypted member (RuntimeError), or a symlink member of an unknown method (NotImplementedError)."""
+    import struct
+    name, mode = ("top/a.txt", 0o100644) if encrypted else ("top/l", 0o120777)
+    data = bytearray(make_zip([(name, b"a.txt", mode)]))
+    cd = data.find(b"PK\x01\x02")
+    if encrypted:
+        data[6] |= 1
+        data[cd + 8] |= 1
+    else:
+        data[8:10] = data[cd + 10:cd + 12] = struct.pack("<H", 99)
+    return bytes(data)
+
+
+def _truncated_tar() -> bytes:
+    data = make_tar([("top/a.txt", "file", b"a\n", 0o644)])
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize("data, filename, said", [
+    (_damaged_zip(zipfile.ZIP_BZIP2), "b.zip", "cannot read member 'top/a.txt': corrupt or truncated data"),
+    (_damaged_zip(zipfile.ZIP_LZMA), "l.zip", "cannot read member 'top/a.txt': corrupt or truncated data"),
+    (_flagged_zip(True), "e.zip", "cannot read member 'top/a.txt': it is encrypted"),
+    (_flagged_zip(False), "s.zip", "cannot read member 'top/l': its compression method is not supported"),
+    (_truncated_tar(), "t.tar.gz", "cannot read its first entry: corrupt or truncated data"),
+    (make_tar([("top/ok", "file", b"x", 0o644), ("top/caf\udce9.txt", "file", b"x", 0o644)], mode="w"),
+     "n.tar", "entry 'top/caf\\\\xe9.txt' has a name that is not UTF-8"),
+    (make_tar([("top/" + "a" * 300, "file", b"x", 0o644)]), "long.tar.gz", "name component of 300 bytes"),
+    (make_tar([("top/l", "sym", "caf\udce9", 0o777)], mode="w"), "t.tar", "has a target that is not UTF-8"),
+])
+def test_an_archive_python_cannot_read_is_one_error_naming_archive_and_member(cas, data, filename, said):
+    """Before: OSError, LZMAError, RuntimeError, NotImplementedError, EOFError or TypeError
+    ('surrogates not allowed') escaped, and a 300-byte name failed later naming a CAS blob."""
+    cas.put_bytes(data)
+    before = blobs(cas)
+    with pytest.raises(ArchiveError) as info:
+        run_extract(cas, data, filename)
+    msg = info.value.render()
+    assert msg.startswith(f"{filename}: ") and said in msg and "\n  hint: " in msg, msg
+    assert blobs(cas) == before  # nothing of the refused archive was stored
