@@ -98,6 +98,21 @@ def inert(text: str) -> str | None:
     return None
 
 
+# The lines that name a file the patch writes (GNU patch takes a new file's name from them).
+_NAMES = re.compile(r"^(?:\+\+\+ |--- |\*\*\* |rename to |copy to |diff --git )(.*)$", re.M)
+
+
+def non_utf8_name(text: str) -> str | None:
+    """The first file name in the patch `text` (decoded by `decode`) that is not UTF-8, shown with
+    \\x escapes: a tree holds only UTF-8 names, so applying it could only fail later."""
+    for m in _NAMES.finditer(text):
+        try:
+            m.group(1).encode("utf-8")
+        except UnicodeEncodeError:
+            return encode(m.group(1)).decode("utf-8", "backslashreplace")
+    return None
+
+
 def decode(data: bytes) -> str:
     """A patch file's bytes as text, any byte kept (encode with `encode` to get them back)."""
     return data.decode("utf-8", "surrogateescape")

@@ -10,7 +10,7 @@ import pytest
 
 from build_graph.errors import LoadError
 from bgraph_testlib import requires_bwrap
-from build_graph.patches import decode, encode, files_changed, inert, split
+from build_graph.patches import decode, encode, files_changed, inert, non_utf8_name, split
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 31))
 PATCH = """Two files: an edit with two hunks, and a new file.
@@ -129,4 +129,21 @@ def test_building_with_a_patch_that_changes_nothing_is_refused_naming_it(make_ws
     errors = [line for line in run.stderr.splitlines() if "error:" in line]
     assert run.rc != 0 and "Traceback" not in run.output, run.output
     assert len(errors) == 1 and "patches/p/0001-fix.patch" in errors[0] and said in errors[0], run.output
+    assert "hint:" in run.stderr
+
+
+def test_a_file_name_that_is_not_utf8_is_found():
+    text = decode(b"--- /dev/null\n+++ b/caf\xe9\n@@ -0,0 +1 @@\n+x\n")
+    assert non_utf8_name(text) == "b/caf\\xe9"
+    assert non_utf8_name(decode(PATCH.replace("line three", "line \xe9").encode("latin-1"))) is None  # content only
+
+
+@requires_bwrap
+def test_a_patch_creating_a_file_whose_name_is_not_utf8_is_refused_naming_both(make_ws):
+    """It ended in 'apply patches: TypeError: str is not valid UTF-8' naming neither."""
+    ws = make_ws({"targets/p.toml": PATCHED, "patches/p/0001.patch": b"--- /dev/null\n+++ b/caf\xe9\n@@ -0,0 +1 @@\n+x\n"})
+    run = ws.cli("build", "//p:patched")
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert run.rc != 0 and "Traceback" not in run.output, run.output
+    assert len(errors) == 1 and "patches/p/0001.patch" in errors[0] and "b/caf\\xe9" in errors[0], run.output
     assert "hint:" in run.stderr

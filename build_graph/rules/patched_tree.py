@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from build_graph.model import FileEntry, TargetOutput
-from build_graph.patches import decode, inert
+from build_graph.patches import decode, inert, non_utf8_name
 from build_graph.rules.base import SRC, Attrs, PlanGen, RuleContext, labels_in
 
 # Each patch is applied alone so a failure names the patch file; patch itself names file and hunk.
@@ -61,7 +61,12 @@ def plan_patched_tree(ctx: RuleContext) -> PlanGen:
         return TargetOutput(tree, {"patches": [], **dict(src.info)})
     for p in patches:
         entry = ctx.sources.get(p)
-        why = inert(decode(ctx.read(entry))) if isinstance(entry, FileEntry) else None
+        text = decode(ctx.read(entry)) if isinstance(entry, FileEntry) else None
+        name = non_utf8_name(text) if text is not None else None
+        if name is not None:
+            raise ctx.fail(f"patch {p} names a file that is not UTF-8: '{name}'", "patches",
+                           hint="a tree holds only UTF-8 file names: rename the file in the patch")
+        why = inert(text) if text is not None else None
         if why:
             raise ctx.fail(f"patch {p} would be applied as a no-op: {why}", "patches",
                            hint="regenerate the patch (git diff --binary for binary files) or drop it from patches")
