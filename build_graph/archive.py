@@ -98,7 +98,7 @@ def _safe_name(name: str, archive: str) -> str:
     try:
         raw = cleaned.encode("utf-8")
     except UnicodeEncodeError:  # tarfile hands bytes that are not UTF-8 over as surrogates
-        raise ArchiveError(f"entry {_shown(name)!r} has a name that is not UTF-8; refused", where=archive,
+        raise ArchiveError(f"entry '{_shown(name)}' has a name that is not UTF-8; refused", where=archive,
                            hint=NAME_HINT) from None
     longest = max(raw.split(b"/"), key=len)
     if len(longest) > NAME_MAX:
@@ -119,7 +119,7 @@ def _check_link(name: str, target: str, archive: str) -> None:
     try:
         target.encode("utf-8")
     except UnicodeEncodeError:
-        raise ArchiveError(f"symlink {name!r} -> {_shown(target)!r} has a target that is not UTF-8; refused",
+        raise ArchiveError(f"symlink {name!r} -> '{_shown(target)}' has a target that is not UTF-8; refused",
                            where=archive, hint=NAME_HINT) from None
     if target.startswith("/"):
         raise ArchiveError(f"symlink {name!r} -> {target!r} points outside the root (absolute); refused",
@@ -225,7 +225,7 @@ def _tar_members(tf: tarfile.TarFile, archive: str, cas, at: _At, root_links: bo
     seen: dict[str, object] = {}
     at.reading = f"{within}its first entry"
     for m in tf:
-        at.reading = f"{within}member {_shown(m.name)!r}"
+        at.reading = f"{within}member '{_shown(m.name)}'"
         name = _safe_name(m.name, archive)
         if not name:
             continue
@@ -255,7 +255,7 @@ def _tar_members(tf: tarfile.TarFile, archive: str, cas, at: _At, root_links: bo
             raise ArchiveError(f"entry {m.name!r} is a device, fifo or other special file; refused", where=archive)
         seen[name] = entry
         yield name, entry
-        at.reading = f"{within}the entry after {_shown(m.name)!r}"
+        at.reading = f"{within}the entry after '{_shown(m.name)}'"
 
 
 class _Staged:

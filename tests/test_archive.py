@@ -632,7 +632,7 @@ def _truncated_tar() -> bytes:
     (_flagged_zip(False), "s.zip", "cannot read member 'top/l': its compression method is not supported"),
     (_truncated_tar(), "t.tar.gz", "cannot read its first entry: corrupt or truncated data"),
     (make_tar([("top/ok", "file", b"x", 0o644), ("top/caf\udce9.txt", "file", b"x", 0o644)], mode="w"),
-     "n.tar", "entry 'top/caf\\\\xe9.txt' has a name that is not UTF-8"),
+     "n.tar", "entry 'top/caf\\xe9.txt' has a name that is not UTF-8"),
     (make_tar([("top/" + "a" * 300, "file", b"x", 0o644)]), "long.tar.gz", "name component of 300 bytes"),
     (make_tar([("top/l", "sym", "caf\udce9", 0o777)], mode="w"), "t.tar", "has a target that is not UTF-8"),
 ])
