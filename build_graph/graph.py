@@ -147,6 +147,7 @@ def somepath(g: "nx.DiGraph", src: Label, dst: Label) -> list[Label]:
 
 
 # -- query expressions --------------------------------------------------------------
+MAX_QUERY_DEPTH = 100  # far beyond a written query, far below Python's recursion limit
 _TOKEN = re.compile(r"\s*(?:(?P<word>[A-Za-z_]+)\s*\(|(?P<close>\))|(?P<comma>,)|(?P<atom>[^\s(),]+))")
 
 
@@ -184,9 +185,12 @@ class Query:
             raise QueryError(f"expected {'a ' + kind if kind != 'close' else ')'} but got {got!r}")
         return tokens.pop(0)[1]
 
-    def _expr(self, tokens) -> tuple[list[Label], list[tuple[Label, Label]]]:
+    def _expr(self, tokens, depth: int = 0) -> tuple[list[Label], list[tuple[Label, Label]]]:
         if not tokens:
             raise QueryError("empty query")
+        if depth > MAX_QUERY_DEPTH:  # the parser recurses per level: 2,000 ended in RecursionError
+            raise QueryError(f"query nested more than {MAX_QUERY_DEPTH} functions deep",
+                             hint="no query needs that depth: deps() of a set already follows every edge")
         kind, value = tokens.pop(0)
         if kind == "atom":
             return expand([value], self.ws.targets), []
@@ -195,15 +199,20 @@ class Query:
         fn = value
         if fn == "kind":
             name = self._expect(tokens, "atom")
+            try:
+                pat = re.compile(name)
+            except re.error as e:
+                raise QueryError(f"kind({name}, …): {name!r} is not a regular expression: {e.msg}",
+                                 hint="kind's first argument is a regex over rule kinds, e.g. kind(genrule, //...) "
+                                      "or kind(extract|genrule, //...)") from None
             self._expect(tokens, "comma")
-            inner, _ = self._expr(tokens)
+            inner, _ = self._expr(tokens, depth + 1)
             self._expect(tokens, "close")
-            pat = re.compile(name)
             return [lab for lab in inner if pat.fullmatch(self.g.nodes[lab]["kind"])], []
-        args = [self._expr(tokens)[0]]
+        args = [self._expr(tokens, depth + 1)[0]]
         while tokens and tokens[0][0] == "comma":
             tokens.pop(0)
-            args.append(self._expr(tokens)[0])
+            args.append(self._expr(tokens, depth + 1)[0])
         self._expect(tokens, "close")
         arity = {"deps": 1, "rdeps": 2, "somepath": 2, "allpaths": 2}
         if fn not in arity:

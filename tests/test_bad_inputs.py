@@ -50,6 +50,8 @@ CASES = {
     "keygen into a missing directory": ({}, ["cache", "keygen", "no/such/dir/ci.key"]),
     "check-against a mistyped cache": ({"targets/p.toml": GENRULE}, ["build", "--check-against", "/no/cahce", "//p:a"]),
     "bad query": ({"targets/p.toml": GENRULE}, ["query", "deps(//p:a"]),
+    "query kind with a bad regex": ({"targets/p.toml": GENRULE}, ["query", "kind([, //...)"]),
+    "query nested 2,000 deep": ({"targets/p.toml": GENRULE}, ["query", "deps(" * 2000 + "//p:a" + ")" * 2000]),
     "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},
                            ["build", "--profile", "f.txt/p.json", "//p:a"]),
     "cache dir is a file": ({"targets/p.toml": GENRULE, "f.txt": "a file\n"}, ["--cache-dir", "f.txt", "build", "//p:a"]),

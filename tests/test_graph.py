@@ -136,6 +136,8 @@ def test_queries(diamond):
     assert q.run("//q/...")[0] == [Label("q", "z")]
     # Nested: everything //p:e needs that is a genrule.
     assert q.run("kind(genrule, deps(//p:e))")[0] == [P("d")]
+    # A hundred levels is within the limit.
+    assert q.run("deps(" * 100 + "//p:b" + ")" * 100)[0] == [P("b"), P("d"), HOST]
 
 
 @pytest.mark.parametrize("expr, message", [
@@ -146,6 +148,11 @@ def test_queries(diamond):
     ("//p:a //p:b", "unexpected '//p:b' after a complete expression"),
     ("", "empty query"),
     ("deps(//p:nope)", "no target matches '//p:nope'"),
+    # re.error and RecursionError reached the user as 'bug in bgraph'.
+    ("kind([, //...)", "kind([, …): '[' is not a regular expression: unterminated character set"),
+    ("kind(a**, //...)", "is not a regular expression: multiple repeat"),
+    ("deps(" * 2000 + "//p:a" + ")" * 2000, "query nested more than 100 functions deep"),
+    ("kind(genrule, " * 101 + "//p:a" + ")" * 101, "query nested more than 100 functions deep"),
 ])
 def test_query_errors(diamond, expr, message):
     _ws, w, g = diamond
