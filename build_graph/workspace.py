@@ -14,7 +14,8 @@ from pathlib import Path
 import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from build_graph.errors import LoadError, where
 from build_graph.labels import Label, parse_label, unknown_label, valid_package
@@ -94,6 +95,27 @@ class DebianSection(Strict):
         return self
 
 
+HINT = " -- hint: "  # a validator's ValueError text: message, HINT, the hint _validation_error shows
+
+
+def _file_name(value: str | None) -> str | None:
+    """A pin's filename: one name, which the download is filed under in its tree."""
+    if value is not None and (value in ("", ".", "..") or "/" in value or "\0" in value):
+        raise ValueError(f"{value!r} is not a file name" + HINT + "give the downloaded file's name alone "
+                         "(no '/', not '.' or '..'), e.g. filename = \"src.tar.gz\"")
+    return value
+
+
+def _url_file_name(url: str | None, info: ValidationInfo) -> str | None:
+    """A url whose last segment names the file (no filename given) must end in a file name."""
+    if url is not None and info.data.get("filename", "invalid") is None:
+        last = url.rsplit("/", 1)[-1]
+        if last in ("", ".", "..") or "\0" in last:
+            raise ValueError(f"the file's name is taken from the url's last segment, {last!r}, which is no "
+                             "file name" + HINT + "add filename = \"NAME\" (the downloaded file's name)")
+    return url
+
+
 class PinFile(Strict):
     """One downloadable file of a pin, for one platform or for all."""
 
@@ -105,6 +127,9 @@ class PinFile(Strict):
     @classmethod
     def _sha(cls, v: str) -> str:
         return _sha256(v)
+
+    _filename = field_validator("filename")(_file_name)
+    _url = field_validator("url")(_url_file_name)
 
 
 class Pin(Strict):
@@ -124,6 +149,9 @@ class Pin(Strict):
     @classmethod
     def _sha(cls, v: str | None) -> str | None:
         return None if v is None else _sha256(v)
+
+    _filename = field_validator("filename")(_file_name)
+    _url = field_validator("url")(_url_file_name)
 
     @model_validator(mode="after")
     def _complete(self) -> "Pin":
@@ -156,6 +184,15 @@ class WorkspaceModel(Strict):
     arch_sets: dict[str, list[str]] = Field(default_factory=dict, description="named arch lists")
     pins: dict[str, Pin] = Field(default_factory=dict, description="pinned external inputs")
     debian: DebianSection = DebianSection()
+
+    @field_validator("pins")
+    @classmethod
+    def _pin_names(cls, v: dict[str, Pin]) -> dict[str, Pin]:
+        for name in v:  # a platform's file without filename or url is filed under the pin's name
+            if name in ("", ".", "..") or "/" in name or "\0" in name:
+                raise ValueError(f"pin name {name!r} is no file name" + HINT + "name the pin with letters, "
+                                 "digits and '_.+-' (no '/', not '.' or '..')")
+        return v
 
     @field_validator("arch_sets")
     @classmethod
@@ -271,13 +308,13 @@ def _validation_error(exc: ValidationError, file: str, text: str, table_prefix: 
     table_parts = table_prefix + loc[:-1]
     table = ".".join(table_parts) if table_parts else None
     line = _line_of(text, table, key)
-    msg = err["msg"]
+    msg, _, hint = err["msg"].partition(HINT)
     if err["type"] == "extra_forbidden":
         msg = f"unknown key {key!r}"
     elif err["type"] == "missing":
         msg = f"missing required key {key!r}"
     more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return LoadError(msg + more, where=where(file, table, key, line))
+    return LoadError(msg + more, where=where(file, table, key, line), hint=hint or None)
 
 
 def _read_toml(path: Path, rel: str) -> tuple[dict[str, Any], str]:

@@ -50,6 +50,8 @@ CASES = {
     "keygen into a missing directory": ({}, ["cache", "keygen", "no/such/dir/ci.key"]),
     "check-against a mistyped cache": ({"targets/p.toml": GENRULE}, ["build", "--check-against", "/no/cahce", "//p:a"]),
     "bad query": ({"targets/p.toml": GENRULE}, ["query", "deps(//p:a"]),
+    "pin filename that is a path": ({"WORKSPACE.toml": PIN.format(path="/tmp/f.txt") + 'filename = "../evil"\n',
+                                     "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n'}, ["build", "//p:x"]),
     "query kind with a bad regex": ({"targets/p.toml": GENRULE}, ["query", "kind([, //...)"]),
     "query nested 2,000 deep": ({"targets/p.toml": GENRULE}, ["query", "deps(" * 2000 + "//p:a" + ")" * 2000]),
     "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},

@@ -90,6 +90,35 @@ def test_a_sha256_with_a_newline_is_refused(make_ws, value):
     assert "must be 64 lowercase hex digits" in load_error(ws)
 
 
+PIN_HEAD = '[workspace]\nname = "t"\n\n[pins.x]\nkind = "url"\n'
+
+
+@pytest.mark.parametrize("lines, key", [
+    ('url = "file:///tmp/f.txt"\nfilename = "../evil"\n', "filename"),
+    ('url = "file:///tmp/f.txt"\nfilename = "a/b"\n', "filename"),
+    ('url = "file:///tmp/f.txt"\nfilename = ".."\n', "filename"),
+    ('url = "file:///tmp/.."\n', "url"),
+    ('url = "file:///tmp/."\n', "url"),
+    ('url = "file:///tmp/"\n', "url"),
+])
+def test_a_pin_file_name_that_is_no_name_is_refused_at_load(make_ws, lines, key):
+    """filename = "../evil" (or a url ending in '..') loaded, downloaded, then failed with a raw
+    'path escapes the tree root': the load names the pin and key, with a hint."""
+    ws = make_ws({"WORKSPACE.toml": PIN_HEAD + lines + f'sha256 = "{SHA_A}"\n'})
+    msg = load_error(ws)
+    assert msg.startswith(f"WORKSPACE.toml:") and f"[pins.x] key '{key}':" in msg and "\n  hint: " in msg, msg
+
+
+def test_a_platform_pin_file_and_a_pin_name_that_are_no_names_are_refused(make_ws):
+    ws = make_ws({"WORKSPACE.toml": PIN_HEAD + f'[pins.x.platforms.x86_64]\nurl = "https://h/d/.."\nsha256 = "{SHA_A}"\n'})
+    assert "[pins.x.platforms.x86_64] key 'url':" in load_error(ws)
+    ws = make_ws({"WORKSPACE.toml": PIN_HEAD.replace("pins.x", 'pins.".."') + f'url = "file:///f"\nsha256 = "{SHA_A}"\n'})
+    assert "pin name '..' is no file name" in load_error(ws)
+    # A url with a name at its end, or a filename of its own, is fine.
+    ws = make_ws({"WORKSPACE.toml": PIN_HEAD + f'url = "https://h/d/.."\nfilename = "a.tgz"\nsha256 = "{SHA_A}"\n'})
+    assert load(ws.root).model.pins["x"].filename == "a.tgz"
+
+
 @pytest.mark.parametrize("path", ["targets/aarch64.toml", "targets/x86_64/p.toml"])
 def test_a_package_named_after_a_platform_is_refused(make_ws, path):
     """bgraph-out/aarch64/p/x holds //p:x built for aarch64: //aarch64/p:x would share the link."""
