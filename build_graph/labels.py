@@ -12,7 +12,10 @@ from typing import Iterable
 from build_graph.errors import LabelError
 
 # A segment of dots alone ('.', '..') is no name: bgraph-out/<package>/<name> would leave bgraph-out.
-_SEGMENT = r"(?!\.+(?![A-Za-z0-9_.+-]))[A-Za-z0-9_.+-]+"
+# A segment is a file name under bgraph-out/ (a package's directory, a target's link): at most
+# MAX_SEGMENT bytes, which leaves room below the file system's 255 for the link's temporary names.
+MAX_SEGMENT = 200
+_SEGMENT = rf"(?!\.+(?![A-Za-z0-9_.+-]))[A-Za-z0-9_.+-]{{1,{MAX_SEGMENT}}}"
 _PKG = rf"{_SEGMENT}(?:/{_SEGMENT})*"
 _NAME = _SEGMENT
 # Matched whole (fullmatch): `$` would also match before a final newline, and a table named
@@ -65,11 +68,25 @@ def parse_label(text: str, *, package: str | None = None, where: str | None = No
     label = _parsed(text, package)
     if label is not None:
         return label
+    long = too_long(text)
+    if long:
+        shown = text if len(text) <= 60 else text[:60] + "…"
+        raise LabelError(f"bad label {shown!r}: {long}", where=where,
+                         hint=f"each package segment and the name become a file name under bgraph-out/: "
+                              f"shorten it to {MAX_SEGMENT} characters or fewer")
     raise LabelError(
         f"bad label {text!r}",
         where=where,
         hint="labels look like //package:name (letters, digits, '_.+-', not '.' or '..' alone; packages separated by '/')",
     )
+
+
+def too_long(text: str) -> str | None:
+    """What makes `text` (a label or package) too long for bgraph-out, if that is its fault."""
+    for segment in re.split(r"[/:]", text):
+        if len(segment.encode()) > MAX_SEGMENT:
+            return f"the segment {segment[:12] + '…'!r} is {len(segment.encode())} bytes, more than {MAX_SEGMENT}"
+    return None
 
 
 def valid_package(package: str) -> bool:

@@ -18,7 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from build_graph.errors import LoadError, where
-from build_graph.labels import Label, parse_label, unknown_label, valid_package
+from build_graph.labels import MAX_SEGMENT, Label, parse_label, too_long, unknown_label, valid_package
 from build_graph.roots import NotRegular, regular_bytes
 from build_graph.roots import find_root, target_files, user_config_path  # noqa: F401  (re-exported)
 
@@ -386,14 +386,19 @@ def load(root: Path) -> Workspace:
         declared = data.pop("package", None)
         if declared is not None:
             if not isinstance(declared, str) or not declared.startswith("//") or not valid_package(declared[2:]):
-                raise LoadError(f"bad package {declared!r}", where=where(rel.as_posix(), None, "package", _line_of(text, None, "package")),
-                                hint="write package = \"//name\" (letters, digits, '_.+-', not '.' or '..' alone)")
+                long = isinstance(declared, str) and too_long(declared)
+                raise LoadError(f"bad package {declared!r}" + (f": {long}" if long else ""),
+                                where=where(rel.as_posix(), None, "package", _line_of(text, None, "package")),
+                                hint="write package = \"//name\" (letters, digits, '_.+-', not '.' or '..' alone, "
+                                     f"at most {MAX_SEGMENT} characters between '/')")
             package = declared[2:]
         else:
             package = package_of(rel)
             if not valid_package(package):
-                raise LoadError(f"bad package name {package!r} (from the file's path)", where=rel.as_posix(),
-                                hint="rename the file or directory: letters, digits, '_.+-', not '.' or '..' alone")
+                long = too_long(package)
+                raise LoadError(f"bad package name {package!r} (from the file's path)" + (f": {long}" if long else ""),
+                                where=rel.as_posix(), hint="rename the file or directory: letters, digits, '_.+-', "
+                                f"not '.' or '..' alone, at most {MAX_SEGMENT} characters")
         if package.split("/")[0] in PLATFORMS:
             # bgraph-out/<platform>/<package>/<name> holds another platform's builds: //aarch64/p:x
             # and //p:x built for aarch64 would share one link.
@@ -406,8 +411,10 @@ def load(root: Path) -> Workspace:
         starts = table_lines(text)
         for name, table in data.items():
             # A name with a newline or other control character is shown as its TOML header
-            # writes it (quoted, escaped), so the error stays one line.
-            loc = where(rel.as_posix(), name if name.isprintable() else json.dumps(name), None, starts.get(name))
+            # writes it (quoted, escaped), so the error stays one line; a long one is cut.
+            shown = name if name.isprintable() else json.dumps(name)
+            shown = shown if len(shown) <= 60 else shown[:60] + "…"
+            loc = where(rel.as_posix(), shown, None, starts.get(name))
             if not isinstance(table, dict):
                 raise LoadError("a target must be a table ([name] with kind = ...)", where=loc)
             label = parse_label(f"//{package}:{name}", where=loc)

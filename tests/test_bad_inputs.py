@@ -52,6 +52,8 @@ CASES = {
     "bad query": ({"targets/p.toml": GENRULE}, ["query", "deps(//p:a"]),
     "pin filename that is a path": ({"WORKSPACE.toml": PIN.format(path="/tmp/f.txt") + 'filename = "../evil"\n',
                                      "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n'}, ["build", "//p:x"]),
+    "target name of 300 characters": ({"targets/p.toml": GENRULE.replace("[a]", "[" + "a" * 300 + "]")},
+                                      ["build", "//p:" + "a" * 300]),
     "query kind with a bad regex": ({"targets/p.toml": GENRULE}, ["query", "kind([, //...)"]),
     "query nested 2,000 deep": ({"targets/p.toml": GENRULE}, ["query", "deps(" * 2000 + "//p:a" + ")" * 2000]),
     "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},

@@ -120,3 +120,11 @@ def test_a_final_newline_is_no_label_or_pattern(text):
 def test_a_package_with_a_final_newline_is_invalid():
     from build_graph.labels import valid_package
     assert valid_package("a/b") and not valid_package("a/b\n")
+
+
+def test_a_segment_longer_than_200_bytes_is_refused():
+    """Each segment is a file name under bgraph-out/ (255 bytes at most, with temporary suffixes)."""
+    assert parse_label("//" + "p" * 200 + ":" + "n" * 200) == Label("p" * 200, "n" * 200)
+    for text in ("//p:" + "n" * 201, "//" + "p" * 201 + ":n", "//a/" + "p" * 201 + "/b:n"):
+        with pytest.raises(LabelError, match="is 201 bytes, more than 200"):
+            parse_label(text)

@@ -90,6 +90,24 @@ def test_a_sha256_with_a_newline_is_refused(make_ws, value):
     assert "must be 64 lowercase hex digits" in load_error(ws)
 
 
+@pytest.mark.parametrize("files, start", [
+    ({"targets/p.toml": GENRULE.format(name="a" * 201)}, "targets/p.toml:1 [" + "a" * 60 + "…]: bad label '//p:"),
+    ({"targets/p.toml": 'package = "//' + "b" * 201 + '"\n' + GENRULE.format(name="x")},
+     "targets/p.toml:1 key 'package': bad package '//" + "b" * 201 + "': the segment 'bbbbbbbbbbbb…' is 201 bytes"),
+    ({"targets/" + "c" * 201 + "/p.toml": GENRULE.format(name="x")}, "targets/" + "c" * 201 + "/p.toml: bad package name"),
+])
+def test_a_label_segment_too_long_for_a_file_name_is_refused(make_ws, files, start):
+    """A 300-character target name built, then its bgraph-out link failed with 'File name too
+    long: <cache>/trees/…': a segment over 200 bytes is refused at load, naming the table."""
+    msg = load_error(make_ws(files))
+    assert msg.startswith(start) and "more than 200" in msg, msg
+
+
+def test_a_label_segment_of_200_characters_loads(make_ws):
+    ws = make_ws({"targets/p.toml": GENRULE.format(name="a" * 200)})
+    assert Label("p", "a" * 200) in load(ws.root).targets
+
+
 PIN_HEAD = '[workspace]\nname = "t"\n\n[pins.x]\nkind = "url"\n'
 
 
