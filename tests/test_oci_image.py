@@ -426,6 +426,19 @@ def test_refusals_are_one_line_naming_the_target_before_anything_runs(built):
                       "at most 127 (containerd's limit)"], run.stderr
 
 
+@pytest.mark.parametrize("extra, key", [('modes = {"../../x" = "4755"}', "modes"),
+                                        ('site_packages = "/../../x"', "site_packages")])
+def test_a_path_attribute_leaving_the_image_is_refused_at_load_naming_the_key(make_ws, extra, key):
+    """They failed at plan time as 'ValueError: path escapes the tree root / hint: this is a bug
+    in bgraph's rule', naming neither key nor line."""
+    ws = make_ws({"targets/i.toml": f'[img]\nkind = "oci_image"\nlayers = [{{name = "a", files = {{"etc/x" = "y"}}}}]\n'
+                                    f'{extra}\n'})
+    run = ws.cli("build", "//i:img")
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert run.rc != 0 and "Traceback" not in run.output and "bug in bgraph" not in run.output, run.output
+    assert len(errors) == 1 and f"[img] key '{key}'" in errors[0] and "not a" in errors[0], run.output
+
+
 # -- a real daemon ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dockerd():

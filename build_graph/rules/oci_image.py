@@ -192,6 +192,20 @@ class OciImageAttrs(Attrs):
         for path, mode in v.items():
             if not re.fullmatch(r"[0-7]{3,4}", mode):
                 raise ValueError(f"mode {mode!r} of {path!r}: 3 or 4 octal digits")
+            try:  # checked here, not at plan time, where it read as a bug in the rule
+                if not _relpath(path):
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{path!r} is not a path inside the image (no '..')") from None
+        return v
+
+    @field_validator("site_packages")
+    @classmethod
+    def _site_packages(cls, v: str) -> str:
+        try:
+            _relpath(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a directory inside the image (no '..')") from None
         return v
 
     @model_validator(mode="after")
