@@ -498,3 +498,172 @@ def test_a_blob_whose_mode_changed_is_hashed_and_its_mode_put_back(cas):
     path.chmod(0o644)
     path.write_bytes(b"PLAIN")  # and with other bytes: removed
     assert not LocalCas(cas.base.parent.parent, B3).verify(e) and not path.exists()
+
+
+# -- what an action can leave in its output directory (red-team read K6) ------------------------
+def _flags_settable(path) -> bool:
+    """Whether this file system lets an owner set an inode flag (nodump) on `path`."""
+    import fcntl
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        flags = int.from_bytes(fcntl.ioctl(fd, 0x80086601, b"\0" * 8), "little")
+        fcntl.ioctl(fd, 0x40086602, (flags | 0x40).to_bytes(8, "little"))  # FS_IOC_SETFLAGS, FS_NODUMP_FL
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_moved_output_carrying_an_xattr_or_inode_flag_becomes_a_bare_blob(cas):
+    """An output is moved into the store as it is only when it carries nothing a fresh file does
+    not: one with a user.* xattr (an ACL is one too) or an inode flag gets a fresh blob of its
+    bytes, so no other target or source with those bytes, and no dependant, sees the mark."""
+    from build_graph.store.cas import inode_marks
+    marked = cas.tmp / "x"
+    marked.write_bytes(b"shared-content\n")
+    try:
+        os.setxattr(marked, "user.evil", b"planted")
+    except OSError:
+        pytest.skip("this file system takes no user.* xattr")
+    e = cas.put_file(marked, move=True)
+    blob = cas.blob_path(e.digest)
+    assert os.listxattr(blob) == [] and cas.read_bytes(e) == b"shared-content\n"
+    assert stat.S_IMODE(blob.stat().st_mode) == 0o444
+    marked.unlink()  # the caller empties the output directory
+    assert leftovers(cas) == []
+    flagged = cas.tmp / "y"
+    flagged.write_bytes(b"flagged\n")
+    if _flags_settable(flagged):
+        e = cas.put_file(flagged, move=True)
+        fd = os.open(cas.blob_path(e.digest), os.O_RDONLY)
+        try:
+            fresh_fd = os.open(cas.blob_path(cas.put_bytes(b"fresh").digest), os.O_RDONLY)
+            assert inode_marks(fd) == inode_marks(fresh_fd)
+            os.close(fresh_fd)
+        finally:
+            os.close(fd)
+        flagged.unlink()
+    plain = cas.tmp / "z"
+    plain.write_bytes(b"plain\n")
+    ino = plain.stat().st_ino
+    e = cas.put_file(plain, move=True)  # nothing on it: still moved, not copied
+    assert not plain.exists() and cas.blob_path(e.digest).stat().st_ino == ino
+
+
+def test_the_executable_copy_of_a_sparse_blob_stays_sparse(cas):
+    """A sparse executable output (1 GiB claimed, no block used) costs no disk when its `.x`
+    copy is made: holes are copied as holes, data regions as data."""
+    out = cas.tmp / "big"
+    with open(out, "wb") as f:
+        f.truncate(1 << 30)
+        f.seek(1 << 29)
+        f.write(b"data in the middle")
+    out.chmod(0o755)
+    e = cas.put_file(out, move=True)
+    assert e.executable and e.size == 1 << 30
+    x = cas._exec_blob(e)
+    assert x.stat().st_size == 1 << 30 and x.stat().st_blocks * 512 < 1 << 20
+    with open(x, "rb") as f:
+        f.seek(1 << 29)
+        assert f.read(18) == b"data in the middle"
+    assert cas.verify(e)
+
+
+def _nested(top, depth: int) -> None:
+    """`top`/d/d/… `depth` directories deep, made by relative steps (the path outgrows PATH_MAX)."""
+    here = os.getcwd()
+    try:
+        os.chdir(top)
+        for _ in range(depth):
+            os.mkdir("d")
+            os.chdir("d")
+        with open("f", "w") as f:
+            f.write("deep")
+    finally:
+        os.chdir(here)
+
+
+def test_rmtree_removes_fifos_sockets_links_and_deep_unreadable_trees(tmp_path):
+    """cas.rmtree empties whatever an action leaves: a FIFO is unlinked, never opened (shutil
+    opened it and hung); a socket is unlinked (shutil raised a TypeError); a link is removed,
+    never followed; read-only and mode-0 directories are made u+rwx; a tree 2,100 deep (beyond
+    PATH_MAX and Python's recursion) is removed with two descriptors open."""
+    import socket
+    import threading
+
+    from build_graph.store.cas import rmtree
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    top = tmp_path / "out"
+    top.mkdir()
+    os.mkfifo(top / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(top / "sock"))
+    sock.close()
+    os.symlink(outside, top / "link")
+    (top / "ro" / "none").mkdir(parents=True)
+    (top / "ro" / "f").write_text("x")
+    os.chmod(top / "ro" / "none", 0)
+    os.chmod(top / "ro", 0o500)
+    _nested(top, 2100)
+    done = threading.Event()
+    failed = []
+
+    def remove():
+        try:
+            rmtree(top)
+        except BaseException as e:  # reported below
+            failed.append(e)
+        done.set()
+
+    threading.Thread(target=remove, daemon=True).start()
+    if not done.wait(120):
+        os.close(os.open(top / "fifo", os.O_WRONLY | os.O_NONBLOCK))  # let a hung open return
+        pytest.fail("rmtree hung on the FIFO")
+    assert failed == []
+    assert not os.path.lexists(top) and (outside / "keep").read_text() == "mine"
+    rmtree(top)  # gone: nothing to do
+    link = tmp_path / "l"
+    os.symlink(outside, link)
+    rmtree(link)
+    assert not os.path.lexists(link) and (outside / "keep").exists()
+
+
+def test_an_output_tree_too_deep_is_refused_in_one_line_and_a_deep_one_is_stored(cas):
+    """ingest_dir walks with its own stack: a directory nested beyond MAX_DEPTH is refused with
+    a StoreError (not a RecursionError, not an unreadable level skipped in silence), and a tree
+    just within it is stored, read back and materialized."""
+    from build_graph.store.cas import MAX_DEPTH, rmtree
+    ok, deep = cas.tmp / "ok", cas.tmp / "deep"
+    ok.mkdir()
+    deep.mkdir()
+    _nested(ok, MAX_DEPTH - 2)
+    _nested(deep, 2100)
+    try:
+        tree = cas.ingest_dir(cas.tmp, ["ok"], move=True)
+        (path,) = tree.entries
+        assert path.count("/") == MAX_DEPTH - 1 and path.endswith("/f")
+        assert cas.get_tree(cas.put_tree(tree)) == tree
+        assert (cas.materialize(tree) / path).read_text() == "deep"
+        with pytest.raises(StoreError, match="nested 257 levels"):
+            cas.ingest_dir(cas.tmp, ["deep"], move=True)
+    finally:
+        rmtree(deep)  # pytest's own cleanup (shutil) recurses
+
+
+def test_an_unreadable_output_directory_is_refused_not_skipped(cas):
+    """A directory the walk cannot list fails the store naming it (os.walk skipped it and stored
+    the tree without it)."""
+    if os.geteuid() == 0:
+        pytest.skip("root lists any directory")
+    out = cas.tmp / "o"
+    (out / "hidden").mkdir(parents=True)
+    (out / "hidden" / "f").write_text("x")
+    os.chmod(out / "hidden", 0)
+    try:
+        with pytest.raises(StoreError, match="cannot read output directory o/hidden"):
+            cas.ingest_dir(cas.tmp, ["o"], move=True)
+    finally:
+        os.chmod(out / "hidden", 0o755)

@@ -26,7 +26,6 @@ import fcntl
 import itertools
 import logging
 import os
-import shutil
 import stat
 import tempfile
 import threading
@@ -84,19 +83,87 @@ def hash_file(path: str | os.PathLike, digester: Digester) -> str:
     """The digest of a file's bytes, read in chunks into this thread's one buffer. Reading into
     a new 1 MiB bytes object per file cost its allocation and page faults (up to 16 µs a file,
     however small); the buffered file layer cost 7 µs: a plan of 100,000 sources is 100,000 reads."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _hash_fd(fd, digester)
+    finally:
+        os.close(fd)
+
+
+def _hash_fd(fd: int, digester: Digester) -> str:
+    """hash_file, of an open file read from its current offset."""
     buf = getattr(_read_buffers, "buf", None)
     if buf is None:
         buf = _read_buffers.buf = bytearray(CHUNK)
     view = memoryview(buf)
     h = digester.new()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        while n := os.readv(fd, (buf,)):
-            h.update(view[:n])
-    finally:
-        os.close(fd)
+    while n := os.readv(fd, (buf,)):
+        h.update(view[:n])
     return h.hexdigest()
 
+
+FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long): chattr's inode flags
+
+
+def inode_marks(fd: int) -> tuple[bytes, list]:
+    """What an inode carries besides its bytes, mode, owner and times: its inode flags (chattr's;
+    an owner may set several without a capability) and its extended attributes, names and
+    values (user.*, a POSIX ACL)."""
+    try:
+        flags = fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8)
+    except OSError:  # a file system without inode flags: none can be set either
+        flags = b""
+    marks = []
+    for name in sorted(os.listxattr(fd)):
+        try:
+            marks.append((name, os.getxattr(fd, name)))
+        except OSError:  # removed meanwhile, or not readable: still a mark
+            marks.append((name, None))
+    return flags, marks
+
+
+def copy_sparse(src: int, dst: int) -> None:
+    """Copy open file `src` into the empty open file `dst`, its holes left holes: only the data
+    regions (SEEK_DATA / SEEK_HOLE) are copied, in the kernel where it can (copy_file_range). A
+    sparse file an action claims to be a terabyte costs no disk here."""
+    size = os.fstat(src).st_size
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but a hole up to the end
+                break
+            raise
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        while start < end:
+            n = _copy_range(src, dst, start, min(end - start, 1 << 30))
+            if n == 0:  # the file shrank meanwhile
+                end = start
+                break
+            start += n
+        pos = end
+    os.ftruncate(dst, size)
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int) -> int:
+    """Copy up to `count` bytes at `offset` of `src` to the same offset of `dst`; bytes copied."""
+    try:
+        return os.copy_file_range(src, dst, count, offset, offset)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(src, min(count, CHUNK), offset)
+    written = 0
+    while written < len(data):
+        written += os.pwrite(dst, data[written:], offset + written)
+    return len(data)
+
+
+# The most directory levels an output tree may nest: deeper ones are refused when stored (paths
+# near PATH_MAX, and tree code that recurses per level, could not hold them; none is legitimate).
+MAX_DEPTH = 256
+MAX_PATH = 3000  # characters of an output's path in its tree: a cache path and a mount go in front
 
 # A tree this large, once materialized, is checked through that copy (LocalCas.damaged).
 _CHECK_THROUGH_COPY = 256
@@ -114,23 +181,103 @@ def _node_name(name: str, node: str) -> str:
     return name
 
 
-def rmtree(path: Path) -> None:
-    """Remove a tree that may hold read-only directories."""
-    def onerror(func, p, _exc):
-        os.chmod(os.path.dirname(p), 0o755)
-        if os.path.isdir(p) and not os.path.islink(p):
-            os.chmod(p, 0o755)
-        func(p)
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        for d, dirs, _ in os.walk(path):
-            for name in dirs:
-                p = os.path.join(d, name)
-                if not os.path.islink(p):
-                    os.chmod(p, 0o755)
-        os.chmod(path, 0o755)
-        shutil.rmtree(path, onerror=onerror)
+def rmtree(path: str | os.PathLike) -> None:
+    """Remove a file, link or directory tree, whatever an action left in it: read-only or
+    unreadable directories (made u+rwx to be emptied), FIFOs and sockets (unlinked, never
+    opened), links (removed, never followed), and trees deeper than a path can name or Python
+    can recurse (walked with an explicit stack and one directory descriptor at a time). A path
+    that does not exist is nothing to do."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        _in_parent(os.unlink, path)
+        return
+    fd = _enter(path, None)
+    # The directories from `path` down to the one open (`fd`): its name in its parent, its
+    # (device, inode), and the subdirectories of it left to remove.
+    frames = [("", _identity(fd), _clear(fd))]
+    try:
+        while True:
+            _name, _ident, pending = frames[-1]
+            if pending:
+                name = pending.pop()
+                sub = _enter(name, fd)
+                os.close(fd)
+                fd = sub
+                frames.append((name, _identity(fd), _clear(fd)))
+                continue
+            name = frames.pop()[0]
+            if not frames:
+                break
+            # Back up through "..", checked to be the directory we came down from: only two
+            # descriptors are ever open, however deep the tree.
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            if _identity(fd) != frames[-1][1]:
+                raise OSError(errno.ESTALE, "a directory was moved while it was being removed", path)
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(fd)
+    _in_parent(os.rmdir, path)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _enter(name: str, dir_fd: int | None) -> int:
+    """A descriptor of directory `name` (never through a link), made u+rwx first where it is
+    not: its entries are to be listed and removed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise
+        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dir_fd)  # a directory, not a link
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if st.st_mode & 0o700 != 0o700:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+    return fd
+
+
+def _clear(fd: int) -> list[str]:
+    """Unlink every entry of the open directory that is not a directory (a file, link, FIFO or
+    socket: none is opened or followed); returns the names of its subdirectories."""
+    subdirs = []
+    with os.scandir(fd) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                subdirs.append(e.name)
+            else:
+                try:
+                    os.unlink(e.name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+    return subdirs
+
+
+def _in_parent(remove, path: str) -> None:
+    """unlink or rmdir `path`, making its parent u+rwx first if it refuses (an action may leave
+    its output directory, or a directory in it, read-only)."""
+    try:
+        remove(path)
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        parent = os.path.dirname(path) or "."
+        os.chmod(parent, stat.S_IMODE(os.stat(parent).st_mode) | 0o700)
+        remove(path)
 
 
 def trees_holding(trees_root: Path, inodes: set[int]) -> list[Path]:
@@ -245,6 +392,7 @@ class LocalCas:
         # Workspace path -> stat stamp and digest (see put_source).
         self._sources = JsonTable(self.base / "sources.json", self.tmp)
         self._unstored: dict[str, str] = {}  # digest -> workspace path of a source hashed, not stored
+        self._fresh: tuple[bytes, list] | None = None  # see _fresh_marks
 
     def close(self) -> None:
         """Give up this process's lease and staging now (else at exit)."""
@@ -372,7 +520,16 @@ class LocalCas:
         if executable is None:
             executable = bool(st.st_mode & stat.S_IXUSR)
         if move:
-            digest = hash_file(path, self.digester)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if inode_marks(fd) != self._fresh_marks():
+                    # An xattr, ACL or inode flag the action set would reach every tree and action
+                    # that shares this blob: a blob carries bytes and mode only, so its bytes go
+                    # into a fresh file instead.
+                    return self._put_copy(fd, executable)
+                digest = _hash_fd(fd, self.digester)
+            finally:
+                os.close(fd)
             self._install(path, digest, st.st_size)
             return FileEntry(digest, st.st_size, executable)
         if st.st_size <= CHUNK:  # small files (most sources): hash first, copy only if new
@@ -390,6 +547,39 @@ class LocalCas:
                 size += len(chunk)
         digest = h.hexdigest()
         self._install(tmp, digest, size)
+        return FileEntry(digest, size, executable)
+
+    def _fresh_marks(self) -> tuple[bytes, list]:
+        """inode_marks of a file newly made in this process's staging (a file system may give
+        every file some, an SELinux label or the extents flag): an output that carries just
+        these is moved in as it is."""
+        if self._fresh is None:
+            path = self._staged(b"")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._fresh = inode_marks(fd)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        return self._fresh
+
+    def _put_copy(self, src: int, executable: bool) -> FileEntry:
+        """Store the bytes of open file `src` through a fresh file (holes kept holes), hashed as
+        written there."""
+        fd, tmp = tempfile.mkstemp(dir=self.tmp)
+        try:
+            try:
+                copy_sparse(src, fd)
+                os.lseek(fd, 0, os.SEEK_SET)
+                digest = _hash_fd(fd, self.digester)
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            self._install(tmp, digest, size)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            raise
         return FileEntry(digest, size, executable)
 
     # -- workspace sources: digests remembered by stat stamp (like git's index) -----------
@@ -645,8 +835,14 @@ class LocalCas:
         with self._exec_lock:  # sandboxes materialize in parallel; make each copy once
             if not x.exists():
                 fd, tmp = tempfile.mkstemp(dir=self.tmp)
-                os.close(fd)
-                shutil.copyfile(self.blob_path(entry.digest), tmp)
+                try:
+                    src = os.open(self.blob_path(entry.digest), os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        copy_sparse(src, fd)  # a sparse blob's copy stays sparse
+                    finally:
+                        os.close(src)
+                finally:
+                    os.close(fd)
                 os.chmod(tmp, 0o555)
                 os.utime(tmp, (FIXED_MTIME, FIXED_MTIME))
                 os.replace(tmp, x)
@@ -802,7 +998,10 @@ class LocalCas:
         os.replace(tmp, record)
 
     def ingest_dir(self, root: Path, paths: list[str] | None = None, move: bool = False) -> Tree:
-        """Store everything under `root` (or only `paths` below it) and return the tree."""
+        """Store everything under `root` (or only `paths` below it) and return the tree. Walked
+        with an explicit stack, every directory read or refused with the reason (os.walk skipped
+        an unreadable one in silence, and recursed): a tree nested deeper than MAX_DEPTH is
+        refused, as the rest of bgraph (and a path) could not hold it."""
         entries: dict[str, object] = {}
         starts = [root / p for p in paths] if paths is not None else [root]
         for start in starts:
@@ -810,14 +1009,30 @@ class LocalCas:
                 rel = start.relative_to(root).as_posix()
                 entries[rel] = self._entry(start, move)
                 continue
-            for d, dirs, files in os.walk(start):
-                dpath = Path(d)
-                rel_d = dpath.relative_to(root).as_posix()
-                if not dirs and not files and rel_d != ".":
+            if not start.exists():
+                continue
+            top = start.relative_to(root).as_posix()
+            pending = ["" if top == "." else top]
+            while pending:
+                rel_d = pending.pop()
+                if rel_d.count("/") + 1 > MAX_DEPTH or len(rel_d) > MAX_PATH:
+                    raise StoreError(f"output directory {rel_d[:60]}… is nested {rel_d.count('/') + 1} levels "
+                                     f"({len(rel_d)} characters) deep: more than {MAX_DEPTH} levels or {MAX_PATH} "
+                                     "characters is refused",
+                                     hint="an output tree must not nest that deep; have the action flatten it")
+                try:
+                    with os.scandir(root / rel_d if rel_d else root) as it:
+                        listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                except OSError as err:
+                    raise StoreError(f"cannot read output directory {rel_d[:200] or '.'}: {err.strerror}") from None
+                for name, is_dir in listed:
+                    rel = f"{rel_d}/{name}" if rel_d else name
+                    if is_dir:
+                        pending.append(rel)
+                    else:
+                        entries[rel] = self._entry(root / rel, move)
+                if not listed and rel_d:
                     entries[rel_d] = DirEntry()
-                for name in files + [x for x in dirs if (dpath / x).is_symlink()]:
-                    p = dpath / name
-                    entries[p.relative_to(root).as_posix()] = self._entry(p, move)
         return Tree(entries)
 
     def _entry(self, p: Path, move: bool):
