@@ -207,3 +207,20 @@ def test_an_empty_cache_dir_is_refused(make_ws, tmp_path):
         line = _one_error(ws.cli("--cache-dir", "", *argv, env={"HOME": str(home), "XDG_CACHE_HOME": str(home)}))
         assert line == "error: --cache-dir is empty", line
     assert not any(home.iterdir()) and not ws.cache.exists()
+
+
+@requires_bwrap
+def test_peaks_json_of_the_wrong_shape_is_ignored(make_ws):
+    """Valid JSON of the wrong shape in the cache's peaks.json ("x" or a list for a peak) failed the
+    next build with 'TypeError … bug in bgraph's rule': its entries are dropped, as a damaged state
+    file's rows are, and the next save writes the file without them."""
+    import json
+    ws = make_ws({"targets/p.toml": GENRULE})
+    assert ws.cli("build", "//p:a").rc == 0
+    bad = {"//p:b genrule": "x", "//p:a genrule": [1], "//p:c genrule": True, "//p:d genrule": {"a": 1}}
+    (ws.store / "peaks.json").write_text(json.dumps(bad))
+    (ws.root / "targets/p.toml").write_text(GENRULE + GENRULE.replace("[a]", "[b]").replace("echo a", "echo b"))
+    run = ws.build("//p:a", "//p:b")
+    assert run.rc == 0 and "Traceback" not in run.output and run.json["executed"] == 1, run.output
+    peaks = json.loads((ws.store / "peaks.json").read_text())
+    assert not set(bad) & {k for k, v in peaks.items() if not isinstance(v, int)}, peaks
