@@ -118,16 +118,27 @@ def _fill(fd: int, data: bytes) -> None:
         offset += os.pwrite(fd, view[offset:], offset)
 
 
-def read_memfd(fd: int) -> bytes:
-    """Everything written to memory file `fd` (by the processes that share it)."""
+# The most of an action's stdout (and of its stderr) that is kept: the last this many bytes. An
+# action can make its memory file any size for free (ftruncate: 2 GiB cost it nothing, and cost
+# bgraph 4 GB of memory and a 2 GB blob), or fill it; logs past this are cut from the front.
+STREAM_CAP = 16 << 20
+
+
+def read_memfd(fd: int, cap: int = STREAM_CAP) -> bytes:
+    """What was written to memory file `fd` (by the processes that share it): its last `cap`
+    bytes at most, read alone, after a line saying how many bytes before them were dropped."""
     size = os.fstat(fd).st_size
-    chunks, offset = [], 0
+    start = max(0, size - cap)
+    chunks, offset = [], start
     while offset < size:
-        chunk = os.pread(fd, size - offset, offset)
+        chunk = os.pread(fd, min(size - offset, 1 << 20), offset)
         if not chunk:
             break
         chunks.append(chunk)
         offset += len(chunk)
+    if start:
+        chunks.insert(0, f"[bgraph: the first {start} bytes of this output were dropped; "
+                         f"the last {cap} are kept]\n".encode())
     return b"".join(chunks)
 
 

@@ -215,3 +215,26 @@ def test_a_spare_that_died_is_passed_over(tmp_path):
     finally:
         runner.close()
         cas.close()
+
+
+def test_an_actions_stdout_is_read_capped_however_large_it_claims_to_be():
+    """An action can make its stdout memory file any size for free (ftruncate): bgraph keeps the
+    last STREAM_CAP bytes at most, read alone (not the whole file into memory and then into a
+    blob), after a line that says how many were dropped. A small output is kept whole."""
+    from build_graph.spares import STREAM_CAP, memfd, read_memfd
+    fd = memfd("stdout")
+    try:
+        os.write(fd, b"hello\n")
+        assert read_memfd(fd) == b"hello\n"
+        os.write(fd, b"0123456789")
+        assert read_memfd(fd, cap=4) == b"[bgraph: the first 12 bytes of this output were dropped; " \
+                                         b"the last 4 are kept]\n6789"
+        os.ftruncate(fd, 2 << 30)  # 2 GiB of hole
+        os.pwrite(fd, b"the end\n", (2 << 30) - 8)
+        kept = read_memfd(fd)
+        head, _, tail = kept.partition(b"\n")
+        assert len(tail) == STREAM_CAP and tail.endswith(b"the end\n")
+        assert head == f"[bgraph: the first {(2 << 30) - STREAM_CAP} bytes of this output were dropped; " \
+                       f"the last {STREAM_CAP} are kept]".encode()
+    finally:
+        os.close(fd)
