@@ -13,7 +13,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING, Callable, NoReturn
 
-from build_graph.errors import BgraphError, disk_full
+from build_graph.errors import BgraphError, UsageError, disk_full
 from build_graph.labels import expand, parse_label
 from build_graph.roots import cache_root, chosen_cache
 
@@ -401,6 +401,10 @@ def cmd_exec(args, console: Console) -> int:
     from build_graph.model import Action
     from build_graph.rules.base import BASE_ENV
 
+    if not args.argv:  # bwrap given no command printed its whole usage text
+        raise UsageError("exec needs a command to run in the sandbox",
+                         hint=f"bgraph exec {args.label} -- ls -l (the target's output is the working "
+                              "directory, /bgraph/target)")
     ws = _workspace(args)
     label = parse_label(args.label)
     ws.target(label)

@@ -54,6 +54,8 @@ CASES = {
                                      "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n'}, ["build", "//p:x"]),
     "target name of 300 characters": ({"targets/p.toml": GENRULE.replace("[a]", "[" + "a" * 300 + "]")},
                                       ["build", "//p:" + "a" * 300]),
+    "exec with no command": ({"targets/p.toml": GENRULE}, ["exec", "//p:a"]),
+    "exec with only --": ({"targets/p.toml": GENRULE}, ["exec", "//p:a", "--"]),
     "query kind with a bad regex": ({"targets/p.toml": GENRULE}, ["query", "kind([, //...)"]),
     "query nested 2,000 deep": ({"targets/p.toml": GENRULE}, ["query", "deps(" * 2000 + "//p:a" + ")" * 2000]),
     "unwritable profile": ({"targets/p.toml": GENRULE, "f.txt": "a file, not a directory\n"},
