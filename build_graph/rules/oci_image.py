@@ -372,7 +372,12 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
     unpacked = done[:len(unpacks)]
     if bundle:
         layers[0].tree = layers[0].tree.merged(Tree({CA_BUNDLE: done[-1].tree.entries["ca-certificates.crt"]}))
-    wheel_trees = {id(p): site_packages(o.tree) for (_g, p), o in zip(wheel_parts, unpacked)}
+    wheel_trees = {}
+    for (_g, p), o in zip(wheel_parts, unpacked):
+        try:
+            wheel_trees[id(p)] = site_packages(o.tree, f"the wheel of {p.wheel}")
+        except ValueError as e:
+            raise ctx.fail(str(e), "layers", hint="the wheel is malformed: fix the py_wheel's contents") from None
 
     site = _relpath(a.site_packages)
     for group in a.layers:

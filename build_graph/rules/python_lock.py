@@ -25,7 +25,7 @@ from build_graph.errors import BgraphError
 from build_graph.model import TargetOutput, Tree
 from build_graph.python_lock.lockfile import LockInput, normalize, parse
 from build_graph.rules.base import Attrs, Parallel, PlanGen, RuleContext, fetch
-from build_graph.rules.python_env import site_packages
+from build_graph.rules.python_env import below_a_file, site_packages
 
 
 class PythonLockAttrs(Attrs):
@@ -89,6 +89,10 @@ def plan_python_lock(ctx: RuleContext) -> PlanGen:
                 raise ctx.fail(f"{wheel.name} and {out[path][0]} both install {path} with other contents",
                                "packages", hint="put them in two targets (layers), or exclude one")
             out[path] = (wheel.name, entry)
+    nested = below_a_file({p: e for p, (_, e) in out.items()})
+    if nested:
+        raise ctx.fail(f"{out[nested[0]][0]} installs {nested[0]} below {nested[1]}, a file of {out[nested[1]][0]}",
+                       "packages", hint="put them in two targets (layers), or exclude one")
     return TargetOutput(Tree({p: e for p, (_, e) in out.items()}),
                         {"lock": attrs.lock, "packages": {w.name: w.version for w in chosen},
                          "wheels": {w.name: {"filename": w.filename, "sha256": w.sha256} for w in chosen}})
@@ -102,4 +106,7 @@ def _unpacked(ctx: RuleContext, lock: str, wheel) -> PlanGen:
     unpack = dataclasses.replace(ctx.extract_action(fetched.tree, wheel.filename),
                                  memory_mb=256 + 3 * wheel.size // (1 << 20))
     [out] = yield [unpack]
-    return site_packages(out.tree)
+    try:
+        return site_packages(out.tree, f"wheel {wheel.filename}")
+    except ValueError as e:
+        raise ctx.fail(f"{lock}: {e}", "lock", hint="the wheel is malformed: lock another version") from None
