@@ -125,8 +125,13 @@ def cmd_build(args, console: Console) -> int:
             engine.remember(recording, result, summary, links)
         elif result.failures and links and asked is not None:  # relinked, and nothing recorded
             noop.drop(asked)
+    profile_error = None  # reported after the build's own summary, which stays true
     if result.profile is not None:
-        result.profile.write(profile_path)
+        try:
+            result.profile.write(profile_path)
+        except BgraphError as e:
+            profile_error = e
+            summary.pop("profile", None)
     for err in result.failures:
         console.print("[red]error:[/] " + _escape(err.render()), highlight=False)
     if args.json:
@@ -149,9 +154,11 @@ def cmd_build(args, console: Console) -> int:
                           f"(sandbox, store), {p['planning_thread_s']:.1f}s planning", highlight=False)
         if (summary["executed"] or summary["failed"]) and log_path:
             console.print(f"[dim]executed actions and their reasons: {log_path}[/]", highlight=False)
+    if profile_error is not None:
+        console.print("[red]error:[/] " + _escape(profile_error.render()), highlight=False)
     if summary["differing"]:
         return 3
-    return 0 if summary["ok"] else 1
+    return 2 if profile_error is not None and summary["ok"] else 0 if summary["ok"] else 1
 
 
 def _flag_cache(args, root: Path) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from build_graph.errors import UsageError
+from build_graph.errors import BgraphError, UsageError
 
 
 @dataclass
@@ -95,7 +95,14 @@ class Profile:
         return {"traceEvents": names + events, "displayTimeUnit": "ms"}
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.chrome_trace()))
+        """Write the trace to `path`; a BgraphError naming it where that fails (a full disk: the
+        cache is not to blame, and `cache gc` is no remedy)."""
+        try:
+            path.write_text(json.dumps(self.chrome_trace()))
+        except OSError as e:
+            raise BgraphError(f"cannot write the profile to {path}: {e.strerror or e}",
+                              hint="free space where it goes, or give --profile a file on another disk; "
+                                   "the build itself is done and its outputs are linked") from None
 
 
 def writable_profile_path(path: str) -> Path:

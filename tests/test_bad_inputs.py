@@ -226,3 +226,16 @@ def test_peaks_json_of_the_wrong_shape_is_ignored(make_ws):
     assert run.rc == 0 and "Traceback" not in run.output and run.json["executed"] == 1, run.output
     peaks = json.loads((ws.store / "peaks.json").read_text())
     assert not set(bad) & {k for k, v in peaks.items() if not isinstance(v, int)}, peaks
+
+
+@requires_bwrap
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+def test_a_profile_on_a_full_disk_names_the_profile(make_ws):
+    """--profile on a full device blamed the cache directory and hinted at `cache gc`: the error
+    names the profile file; the build itself is done and linked."""
+    ws = make_ws({"targets/p.toml": GENRULE})
+    run = ws.cli("build", "--profile", "/dev/full", "//p:a")
+    line = _one_error(run)
+    assert line == "error: cannot write the profile to /dev/full: No space left on device", run.output
+    assert run.rc == 2 and "cache gc" not in run.output and "OK: executed 1" in run.output, run.output
+    assert (ws.root / "bgraph-out/p/a/o").read_text() == "a\n"
