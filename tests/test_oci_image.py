@@ -665,6 +665,19 @@ def test_a_daemon_too_old_is_refused_before_anything_is_sent(monkeypatch):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.skipif(docker is None, reason="the docker SDK is not installed")
+@pytest.mark.parametrize("value", ["http://[::1", "tcp://host:notaport"])
+def test_a_malformed_docker_host_is_one_error_naming_it(monkeypatch, value):
+    """'http://[::1' (a typo'd IPv6 address) ended in a traceback: ValueError: Invalid IPv6 URL."""
+    from build_graph.oci.load import ImageLoadError, connect
+
+    monkeypatch.setenv("DOCKER_HOST", value)
+    with pytest.raises(ImageLoadError) as e:
+        connect(timeout=5)
+    text = e.value.render()
+    assert text.startswith(f"DOCKER_HOST={value!r} is not a Docker daemon address: ") and "\n  hint: fix" in text, text
+
+
 # -- the vLLM runtime image, for real (slow: 8 GB of layers) ---------------------------------------------
 VLLM_BASE_DISK_GB = 45  # the wheels (4 GB), their unpacked trees (8.5), the layers (8.5), the daemon's copy and its load staging (17)
 

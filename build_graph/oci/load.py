@@ -124,6 +124,10 @@ def connect(timeout: float = 60):
             raise ImageLoadError(f"the Docker daemon at {host} did not answer within {timeout:g} s",
                             hint="is it starting or overloaded? try again, or check `docker info`") from None
         raise ImageLoadError(f"cannot reach a Docker daemon at {host}: {_cause(e)}", hint=DAEMON_HINT) from None
+    except ValueError as e:  # the SDK parses DOCKER_HOST as a URL outside its own errors ('http://[::1')
+        where = f"DOCKER_HOST={host!r}" if os.environ.get("DOCKER_HOST") else host
+        raise ImageLoadError(f"{where} is not a Docker daemon address: {e}",
+                             hint="fix DOCKER_HOST (e.g. unix:///run/docker.sock, tcp://[::1]:2375), or unset it") from None
     api = version.get("ApiVersion", "0")
     try:
         api_tuple = tuple(int(x) for x in api.split(".")[:2])
