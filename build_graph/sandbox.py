@@ -28,7 +28,7 @@ from build_graph.errors import ActionFailed, SandboxError
 from build_graph.incremental import filestate
 from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
 from build_graph.spares import Outputs, Spares, environment_options, memfd
-from build_graph.store.cas import LocalCas, hash_file, rmtree
+from build_graph.store.cas import FIXED_MTIME, LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
 
 LOW_SPACE = 16 << 20  # below this much free space, a failed action is reported as a full disk
@@ -320,6 +320,7 @@ class BwrapRunner:
                 path.mkdir()
             except FileExistsError:  # never, in a staging directory of our own
                 continue
+            _reset_times(path)
             self._dir_made = _as_made(path)
             return path, None
 
@@ -328,7 +329,8 @@ class BwrapRunner:
         """Empty `out_dir` for the next action, or remove it. It is reused only if what the
         action left in it is gone and the directory itself is as a new one is made (its mode,
         owner, size, extended attributes such as an ACL, and inode flags): no action sees
-        anything an earlier one left, and its mtime is a clock's, as a new directory's is.
+        anything an earlier one left. Its times are put back to FIXED_MTIME, which a new one is
+        given too (an action sets its atime to any value; the next one would read it).
         A staged layout (`key`, `layout`) is kept for the next action that stages the same
         tree where all that is left once the action's own files are gone is that layout,
         exactly as staged (`_unstage`); else the directory is emptied as any other."""
@@ -349,6 +351,8 @@ class BwrapRunner:
                     for e in entries:
                         rmtree(Path(e.path))
                 reuse = self._dir_made is not None and _as_made(out_dir) == self._dir_made
+                if reuse:
+                    _reset_times(out_dir)
             except OSError:
                 reuse = False
         if reuse:
@@ -500,6 +504,8 @@ def _stage(out_dir: Path, tree: Tree, mount: str) -> _Layout:
         while parent and parent not in dirs:  # the directories mkdir(parents=True) made
             dirs.add(parent)
             parent = parent.rpartition("/")[0]
+    for d in dirs:
+        _reset_times(out_dir / d if d else out_dir)
     return _Layout(links, {d: _as_made(out_dir / d if d else out_dir) for d in dirs})
 
 
@@ -528,10 +534,20 @@ def _unstage(out_dir: Path, layout: _Layout) -> bool:
                 seen += 1
     if seen != len(layout.links) + len(layout.dirs) - 1:  # something staged is gone
         return False
-    return all(_as_made(out_dir / d if d else out_dir) == made for d, made in layout.dirs.items())
+    if not all(_as_made(out_dir / d if d else out_dir) == made for d, made in layout.dirs.items()):
+        return False
+    for d in layout.dirs:
+        _reset_times(out_dir / d if d else out_dir)
+    return True
 
 
 FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long): chattr's inode flags
+
+
+def _reset_times(path: Path) -> None:
+    """Give an output directory the times every input has (FIXED_MTIME), never through a link:
+    a new one, and one reused, look the same to the action."""
+    os.utime(path, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
 
 
 def _as_made(path: Path) -> tuple | None:

@@ -607,6 +607,55 @@ def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_l
     assert not any(p.name.startswith("act-") for p in cas.tmp.iterdir()) if cas.tmp.exists() else True
 
 
+@requires_bwrap
+def test_what_an_action_leaves_in_or_on_its_output_directory_reaches_no_later_action(tmp_path):
+    """An action leaves a FIFO (emptying the directory opened it: bgraph hung), a unix socket
+    (a TypeError), a directory 2,100 deep (a RecursionError, and the staging left behind), and
+    sets /bgraph/out's atime and mtime far ahead (the next action read them): the build goes on,
+    the directory is emptied and reused, and the next action sees the times every new one has."""
+    import threading
+
+    from build_graph.model import Action, Digester
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import FIXED_MTIME, LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    litter = ("echo > l; mkfifo stray; python3 -c \"import os, socket; socket.socket(socket.AF_UNIX).bind('sock')\n"
+              "for _ in range(2100): os.mkdir('d'); os.chdir('d')\"; "
+              "touch -d @4000000000.123456789 /bgraph/out")
+    look = "stat -c '%X %Y' /bgraph/out > /tmp/l; ls -A /bgraph/out >> /tmp/l; mv /tmp/l /bgraph/out/l"
+
+    def run(name: str, cmd: str) -> str:
+        action = Action(name=name, mnemonic="Genrule", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/sh", "-c", cmd),
+                        inputs=(), outputs=("l",), host_paths=("/usr",))
+        tree, _result = runner.run(action)
+        return cas.read_bytes(tree.entries["l"]).decode()
+
+    try:
+        fresh = run("first", look)
+        assert fresh == f"{FIXED_MTIME} {FIXED_MTIME}\n", fresh
+        first_dir = {p.name for p in cas.tmp.iterdir() if p.name.startswith("act-")}
+        done, failed = threading.Event(), []
+
+        def litter_run():
+            try:
+                run("litter", litter)
+            except BaseException as e:  # reported below
+                failed.append(e)
+            done.set()
+
+        threading.Thread(target=litter_run, daemon=True).start()
+        assert done.wait(300), "emptying the output directory hung"
+        assert failed == []
+        assert run("after", look) == fresh
+        assert {p.name for p in cas.tmp.iterdir() if p.name.startswith("act-")} == first_dir  # reused
+    finally:
+        runner.close()
+        cas.close()
+    assert not any(p.name.startswith("act-") for p in cas.tmp.iterdir()) if cas.tmp.exists() else True
+
+
 UMASK_AND_LOCALE = ('[a]\nkind = "genrule"\nouts = ["u", "d", "o"]\n'
                     'cmd = "umask > $OUT/u && mkdir $OUT/d && echo x > $OUT/d/f && echo café > $OUT/o"\n')
 
