@@ -539,6 +539,47 @@ def test_lock_mirror_does_not_answer(make_ws):
     assert not (ws.root / "toolchains").exists() and not ws.cache.exists()
 
 
+BAD_FIELDS = [("Version: 1.0\nSize: abc", "Size 'abc' is not a number of bytes"),
+              ("Version: 1:\nSize: 5", "Version '1:' is not a Debian version"),
+              ("Version: 1.0\nSize: 5\nX-Filename: ../../../etc/x.deb", "Filename '../../../etc/x.deb' is not a .deb's path"),
+              ("Version: 1.0\nSize: 5\nX-SHA256: abc", "SHA256 'abc' is not 64 hex digits")]
+
+
+def _bad_index(field: str) -> bytes:
+    """One stanza of package hello with `field` (X-Filename / X-SHA256 replace the good ones)."""
+    filename = field.split("X-Filename: ")[1].split("\n")[0] if "X-Filename: " in field else "pool/h/hello.deb"
+    sha = field.split("X-SHA256: ")[1] if "X-SHA256: " in field else "0" * 64
+    head = "\n".join(line for line in field.split("\n") if not line.startswith("X-"))
+    return f"Package: hello\n{head}\nArchitecture: amd64\nFilename: {filename}\nSHA256: {sha}\n".encode()
+
+
+@pytest.mark.parametrize("field, said", BAD_FIELDS)
+def test_an_index_entry_a_lock_could_not_hold_is_an_error_naming_index_and_entry(field, said):
+    from build_graph.debian.index import parse_packages
+    from build_graph.errors import FetchError
+
+    with pytest.raises(FetchError) as e:
+        list(parse_packages(_bad_index(field), "bookworm", "http://m/debian/dists/bookworm/main/binary-amd64/Packages.xz"))
+    text = e.value.render()
+    assert text.startswith("http://m/debian/dists/bookworm/main/binary-amd64/Packages.xz: index entry hello ") and \
+        said in text and "\n  hint: the mirror's index is damaged" in text, text
+
+
+@pytest.mark.parametrize("field, said", BAD_FIELDS[:2])
+def test_deb_lock_against_a_damaged_index_is_one_line(make_ws, mirror, field, said):
+    """'Size: abc' and 'Version: 1:' ended `bgraph deb lock` in a traceback (ValueError)."""
+    for arch in TRIPLET:
+        index = mirror.root / "dists" / "bookworm" / "main" / f"binary-{arch}" / "Packages.xz"
+        index.write_bytes(lzma.compress(_bad_index(field).replace(b"amd64", arch.encode())))
+    ws = deb_ws(make_ws, [mirror.url], target("base", ["hello"]))
+    run = ws.cli("deb", "lock")
+    assert run.rc != 0
+    line = one_error_line(run)
+    assert "/dists/bookworm/main/binary-" in line and "index entry hello" in line and said in line, line
+    assert "hint: the mirror's index is damaged" in run.stderr
+    assert not (ws.root / "toolchains" / "base.lock.json").exists()
+
+
 def test_fetch_mirror_does_not_answer(make_ws, mirror):
     ws = deb_ws(make_ws, [mirror.url], target("base", ["base-lib"]))
     assert ws.cli("deb", "lock").rc == 0

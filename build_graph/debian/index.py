@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import lzma
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -95,17 +96,46 @@ class Candidate:
         return Version(self.version)
 
 
+INDEX_HINT = ("the mirror's index is damaged or not in Debian's format: try another mirror "
+              "([debian] mirrors in WORKSPACE.toml)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SIZE = re.compile(r"[0-9]+")
+
+
 def parse_packages(text: bytes, suite: str, where: str) -> Iterator[Candidate]:
-    """The entries of one Packages file (entries without a SHA256 are refused: nothing to pin)."""
+    """The entries of one Packages file; an entry without a SHA256 (nothing to pin), or whose
+    Version, Size, Filename or SHA256 a lock could not hold, is an error naming the index and it."""
     for para in Deb822.iter_paragraphs(io.BytesIO(text), fields=FIELDS, use_apt_pkg=False):
         name = para.get("Package")
         if not name:
             continue
         if not para.get("SHA256") or not para.get("Filename"):
-            raise FetchError(f"index entry {name} {para.get('Version')} has no SHA256 or Filename", where=where)
+            raise FetchError(f"index entry {name} {para.get('Version')} has no SHA256 or Filename", where=where,
+                             hint=INDEX_HINT)
+        problem = _bad_field(para)
+        if problem:
+            raise FetchError(f"index entry {name} {para.get('Version')}: {problem}", where=where, hint=INDEX_HINT)
         yield Candidate(name, para["Version"], para.get("Architecture", ""), suite, para["Filename"],
                         para["SHA256"], int(para.get("Size", "0")), para.get("Depends", ""),
                         para.get("Pre-Depends", ""), para.get("Provides", ""))
+
+
+def _bad_field(para) -> str | None:
+    """What in one index entry a lock could not hold (the lock file refuses the same on reading)."""
+    version = para.get("Version", "")
+    try:
+        Version(version)
+    except ValueError:
+        return f"Version {version!r} is not a Debian version"
+    size = para.get("Size", "0")
+    if not _SIZE.fullmatch(size):
+        return f"Size {size!r} is not a number of bytes"
+    filename = para["Filename"]
+    if filename.startswith("/") or ".." in filename.split("/") or not filename.endswith(".deb"):
+        return f"Filename {filename!r} is not a .deb's path inside the mirror (relative, no '..')"
+    if not _SHA256.fullmatch(para["SHA256"]):
+        return f"SHA256 {para['SHA256']!r} is not 64 hex digits"
+    return None
 
 
 @dataclass
