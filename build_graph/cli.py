@@ -601,7 +601,7 @@ def cmd_cache(args, console: Console) -> int:
               f"{r.entries_checked} action-cache entries, {r.trees_checked} materialized trees", highlight=False)
     for what, items in (("corrupt blob", r.corrupt_blobs), ("corrupt directory node", r.corrupt_nodes),
                         ("dangling action-cache entry", r.dangling_entries), ("broken tree", r.bad_trees),
-                        ("damaged state file", r.bad_state)):
+                        ("damaged state file", r.bad_state), ("stray entry", r.stray)):
         for d in items:
             out.print(f"{what} {d}" + (" (removed)" if r.repaired else ""), highlight=False)
     if r.clean:

@@ -221,3 +221,36 @@ def test_verify_finds_a_damaged_state_file_and_repair_starts_it_afresh(make_ws):
     assert ws.cli("cache", "verify").rc == 0
     again = ws.build("//p:a")
     assert again.rc == 0 and ws.read_output("//p:a", "a.txt") == "alpha\nbeta\nalpha\nbeta\n"
+
+
+@requires_bwrap
+def test_verify_and_gc_never_follow_a_linked_shard_and_repair_removes_stray_entries(make_ws, tmp_path):
+    """A CAS shard that is a link into a user's directory: `cache verify --repair` deleted every
+    file there as a corrupt blob, and gc as an unneeded one. A directory in a shard stopped
+    verify with 'Is a directory' and no path; a FIFO in one would hang it. Each is now a stray
+    entry, named by its path, never followed, opened or hashed; --repair removes the entry itself
+    (the link, not what it points at), and the builds' own results are untouched (red-team K7)."""
+    ws = make_ws(TARGETS)
+    assert ws.build("//p:a").rc == 0
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    cas = ws.store / "cas"
+    shard = sorted(p for p in cas.iterdir())[0]
+    link = cas / "zz"
+    link.symlink_to(precious)
+    (shard / "stray" / "inner").mkdir(parents=True)
+    os.mkfifo(ws.store / "dirs" / sorted(os.listdir(ws.store / "dirs"))[0] / "fifo")
+    assert ws.cli("cache", "gc", timeout=60).rc == 0
+    assert (precious / "notes.txt").read_text() == "keep me"
+    out = ws.cli("cache", "verify", timeout=60)
+    assert out.rc == 1 and "Traceback" not in out.output, out.output
+    named = {line.removeprefix("stray entry ") for line in out.stdout.splitlines() if line.startswith("stray entry")}
+    assert named == {str(link), str(shard / "stray"), str(next((ws.store / "dirs").glob("*/fifo")))}, out.stdout
+    fixed = ws.cli("cache", "verify", "--repair", timeout=60)
+    assert fixed.rc == 0 and f"stray entry {link} (removed)" in fixed.stdout, fixed.output
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert not os.path.lexists(link) and not (shard / "stray").exists()
+    assert ws.cli("cache", "verify").rc == 0
+    again = ws.build("//p:a")
+    assert statuses(again.json) == {"//p:a": "hit"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import stat
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -68,12 +67,15 @@ class VerifyReport:
     dangling_entries: list[str] = field(default_factory=list)
     bad_trees: list[str] = field(default_factory=list)
     bad_state: list[str] = field(default_factory=list)  # a state file SQLite finds damaged
+    # Paths in the sharded stores that are not a shard directory holding regular files: a link,
+    # a directory in a shard, a FIFO (never followed, opened or hashed; --repair removes them).
+    stray: list[str] = field(default_factory=list)
     repaired: bool = False
 
     @property
     def clean(self) -> bool:
         return not (self.corrupt_blobs or self.corrupt_nodes or self.dangling_entries or self.bad_trees
-                    or self.bad_state)
+                    or self.bad_state or self.stray)
 
 
 @contextmanager
@@ -87,19 +89,32 @@ def _exclusive(layout_root: Path):
         os.close(fd)
 
 
-def _sharded(root: Path):
-    """(shard name + file name, DirEntry) for every file of a `ab/cdef…` sharded directory."""
-    if not root.exists():
+def _sharded(root: Path, stray: list[str] | None = None):
+    """(shard name + file name, DirEntry) for every regular file of a `ab/cdef…` sharded
+    directory. Nothing else is followed, opened or hashed: a shard that is a link (into a user's
+    directory: verify --repair deleted the files there as corrupt blobs) or not a directory, and
+    an entry of a shard that is a directory, link, FIFO or socket, are added to `stray` by path."""
+    try:
+        shards = os.scandir(root)
+    except FileNotFoundError:
         return
-    for shard in root.iterdir():
-        with os.scandir(shard) as it:
-            for e in it:
-                yield shard.name + e.name, e
+    with shards:
+        for shard in shards:
+            if not shard.is_dir(follow_symlinks=False):
+                if stray is not None:
+                    stray.append(shard.path)
+                continue
+            with os.scandir(shard.path) as it:
+                for e in it:
+                    if e.is_file(follow_symlinks=False):
+                        yield shard.name + e.name, e
+                    elif stray is not None:
+                        stray.append(e.path)
 
 
-def _scan_blobs(cas_root: Path) -> dict[str, _Blob]:
+def _scan_blobs(cas_root: Path, stray: list[str] | None = None) -> dict[str, _Blob]:
     blobs: dict[str, _Blob] = {}
-    for name, e in _sharded(cas_root):
+    for name, e in _sharded(cas_root, stray):
         st = e.stat(follow_symlinks=False)
         b = blobs.setdefault(name.removesuffix(".x"), _Blob())
         b.size += st.st_size
@@ -109,14 +124,14 @@ def _scan_blobs(cas_root: Path) -> dict[str, _Blob]:
     return blobs
 
 
-def _scan_nodes(dirs_root: Path) -> dict[str, tuple[Path, float]]:
-    return {name: (Path(e.path), e.stat().st_ctime) for name, e in _sharded(dirs_root)}
+def _scan_nodes(dirs_root: Path, stray: list[str] | None = None) -> dict[str, tuple[Path, float]]:
+    return {name: (Path(e.path), e.stat(follow_symlinks=False).st_ctime) for name, e in _sharded(dirs_root, stray)}
 
 
-def _scan_entries(ac_root: Path) -> tuple[list[_Entry], list[Path]]:
+def _scan_entries(ac_root: Path, stray: list[str] | None = None) -> tuple[list[_Entry], list[Path]]:
     """Action-cache entries, and the depfile manifests beside them."""
     entries, manifests = [], []
-    for name, e in _sharded(ac_root):
+    for name, e in _sharded(ac_root, stray):
         if name.endswith(".reads.json"):
             manifests.append(Path(e.path))
             continue
@@ -128,7 +143,7 @@ def _scan_entries(ac_root: Path) -> tuple[list[_Entry], list[Path]]:
                 result = None
         except (ValueError, OSError):
             result = None
-        entries.append(_Entry(name[: -len(".json")], Path(e.path), e.stat().st_mtime, result))
+        entries.append(_Entry(name[: -len(".json")], Path(e.path), e.stat(follow_symlinks=False).st_mtime, result))
     return entries, manifests
 
 
@@ -343,14 +358,14 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
     base = layout_root / digester.name
     report = VerifyReport(repaired=repair)
     with _exclusive(layout_root) if repair else nullcontext():
-        blobs = _scan_blobs(base / "cas")
+        blobs = _scan_blobs(base / "cas", report.stray)
         for digest, b in sorted(blobs.items()):
             report.blobs_checked += 1
             if any(hash_file(p, digester) != digest for p in b.paths):
                 report.corrupt_blobs.append(digest)
                 if repair:
                     evict_blob(layout_root, b.paths[0].with_name(b.paths[0].name.removesuffix(".x")))
-        nodes = _scan_nodes(base / "dirs")
+        nodes = _scan_nodes(base / "dirs", report.stray)
         for digest, (path, _ctime) in sorted(nodes.items()):
             report.nodes_checked += 1
             if hash_file(path, digester) != digest:
@@ -359,7 +374,7 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                     path.unlink(missing_ok=True)
         bad_blobs = set(report.corrupt_blobs)
         closure = _Closure(base / "dirs", digester, check=True)
-        entries, _ = _scan_entries(base / "ac")
+        entries, _ = _scan_entries(base / "ac", report.stray)
         for e in entries:
             report.entries_checked += 1
             need = closure.of_result(e.result) if e.result is not None else None
@@ -369,6 +384,8 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                     e.path.unlink(missing_ok=True)
         if repair:
             _forget_results(base, report.dangling_entries)
+            for path in report.stray:
+                rmtree(path)  # a link itself, never what it points at
         good_inodes = {i for d, b in blobs.items() if d not in bad_blobs for i in b.inodes}
         trees_root = base / "trees"
         held = live_builds(layout_root / "tmp").trees
@@ -405,11 +422,22 @@ def _state_is_whole(path: Path) -> bool:
 
 
 def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
-    """A materialized tree is whole if each of its files is a hard link of a blob that hashed
-    good (the blob was just re-hashed; the link shares its bytes)."""
-    for d, _dirs, files in os.walk(tree_dir):
-        for name in files:
-            st = os.lstat(os.path.join(d, name))
-            if not stat.S_ISLNK(st.st_mode) and st.st_ino not in good_inodes:
-                return False
+    """A materialized tree is whole if it is a directory (not a link) and each of its files is a
+    hard link of a blob that hashed good (the blob was just re-hashed; the link shares its
+    bytes), and it holds nothing but files, links and directories. Walked with a stack."""
+    if tree_dir.is_symlink() or not tree_dir.is_dir():
+        return False
+    pending = [os.fspath(tree_dir)]
+    try:
+        while pending:
+            with os.scandir(pending.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        pending.append(e.path)
+                    elif e.is_symlink():
+                        continue
+                    elif not e.is_file(follow_symlinks=False) or e.stat(follow_symlinks=False).st_ino not in good_inodes:
+                        return False
+    except OSError:
+        return False
     return True
