@@ -2,8 +2,10 @@
 
 Runs in-process (no sandbox): it reads one verified blob and writes blobs, and never runs
 anything the archive holds. Refused, with one line naming the archive and the member:
-absolute names, `..` components, entries below a symlink (or a file), device, fifo and socket
-entries, and links that could lead out of the tree it makes:
+absolute names, `..` components, names that are not UTF-8 or hold a component over 255 bytes
+(no tree or file system could hold them), entries below a symlink (or a file), device, fifo and
+socket entries, and links that could lead out of the tree it makes (a member Python's readers
+fail on, corrupt, truncated, encrypted or of an unsupported method, is one such line too):
 
 - a symlink whose target, walked one component at a time from the link's directory against
   the whole tree (every member, whatever its order in the archive, after strip_prefix), climbs
