@@ -19,7 +19,7 @@ from build_graph.model import Tree
 from build_graph.remote_exec.worker import SANDBOX_VERSION
 
 TOOLS = ("/bin/sh", "/bin/cat", "/bin/sleep", "/bin/mkdir", "/bin/grep", "/bin/ls", "/usr/bin/env", "/bin/rmdir",
-         "/bin/ln")
+         "/bin/ln", "/usr/bin/mkfifo", "/usr/bin/truncate")
 
 
 @pytest.fixture(scope="module")
@@ -652,6 +652,265 @@ def test_bounded_cache_is_emptied_between_leases(stack):
         stack.workers.remove(bounded)
         for name in names:
             stack.add_worker(name)
+
+
+def _input_root_with_out(c, out):
+    """An Action running `echo hi > /out/x` over the host tools' root plus top-level `out` (a
+    Directory message, given as it is: the Client's own builder could not name an entry twice)."""
+    pb = c.pb
+    files, links = host_root()
+    root = pb.Directory.FromString(c.blobs[c.directory(files, links).hash])
+    root.directories.add(name="out", digest=c.message(out))
+    dirs = sorted(root.directories, key=lambda d: d.name)
+    del root.directories[:]
+    for d in dirs:
+        root.directories.add().CopyFrom(d)
+    command = pb.Command(arguments=["/bin/sh", "-c", "echo hi > /out/x"], output_paths=["out/x"])
+    command.environment_variables.add(name="PATH", value="/usr/bin:/bin")
+    action = pb.Action(command_digest=c.message(command), input_root_digest=c.message(root))
+    for k, v in sorted({"OSFamily": "Linux", "ISA": "x86-64" if os.uname().machine == "x86_64" else "aarch64",
+                        "bgraph-sandbox": SANDBOX_VERSION}.items()):
+        action.platform.properties.add(name=k, value=v)
+    digest = c.message(action)
+    c.cas.put_blobs({h: c.blobs[h] for h in c.cas.find_missing({h: len(b) for h, b in c.blobs.items()})})
+    return digest
+
+
+def test_a_name_given_twice_in_the_input_root_never_writes_the_workers_host(stack, tmp_path):
+    """Red-team K6 hole 1: `out` holds a symlink `a` -> a host directory and also a directory `a`
+    holding `b`. Laid out, `b` was copied through the link (any host file written, as the
+    worker's user). The input root is refused (INVALID_ARGUMENT) and the host file is untouched."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "b").write_text("original\n")
+    c = Client(stack.url)
+    pb = c.pb
+    inner = pb.Directory()
+    inner.files.add(name="b", digest=c.blob(f"written-by-remote-action {uuid.uuid4()}\n".encode()))
+    out = pb.Directory()
+    out.symlinks.add(name="a", target=str(victim))
+    out.directories.add(name="a", digest=c.message(inner))
+    response, _, _ = c.execute(_input_root_with_out(c, out))
+    assert response.status.code == 3 and "out/a twice" in response.status.message, response.status
+    assert (victim / "b").read_text() == "original\n" and os.listdir(victim) == ["b"]
+
+
+def test_layout_never_follows_a_symlink(tmp_path):
+    """Whatever the entries say, the writable directory's layout makes nothing through a link:
+    a file, a directory or a symlink below one is refused (Refused), the host stays as it was."""
+    from build_graph.remote_exec.fsops import Layout, Refused
+    from build_graph.store.cas import FIXED_MTIME
+
+    victim, host = tmp_path / "victim", tmp_path / "w0"
+    victim.mkdir()
+    (victim / "b").write_text("original\n")
+    host.mkdir()
+    source = tmp_path / "source"
+    source.write_bytes(b"attacker\n")
+    with Layout(host) as layout:
+        layout.symlink(str(victim), "a")
+        layout.copy(source, "ok/f", 0o444, FIXED_MTIME)
+        for step in (lambda: layout.copy(source, "a/b", 0o444, FIXED_MTIME),
+                     lambda: layout.copy(source, "a/new", 0o444, FIXED_MTIME),
+                     lambda: layout.directory("a/sub"),
+                     lambda: layout.symlink("/x", "a/l"),
+                     lambda: layout.copy(source, "a", 0o444, FIXED_MTIME)):
+            with pytest.raises(Refused):
+                step()
+    assert (victim / "b").read_text() == "original\n" and os.listdir(victim) == ["b"]
+    st = (host / "ok" / "f").stat()
+    assert (st.st_mode & 0o777, st.st_mtime) == (0o444, FIXED_MTIME)
+    assert (host / "ok" / "f").read_bytes() == b"attacker\n"
+
+
+def test_duplicate_names_and_entries_below_a_link_are_refused_by_staging(tmp_path):
+    """Stager.mounts refuses a Directory naming one entry twice (symlink and directory, file and
+    directory, two files), below an output directory or not; REAPI names are unique."""
+    from types import SimpleNamespace
+
+    from build_graph.model import Digester
+    from build_graph.remote_exec.staging import BadInput, Stager
+    from build_graph.store.cas import LocalCas
+    from build_graph.store.reapi import reapi_pb2 as pb
+
+    cas = LocalCas(tmp_path / "cache", Digester("sha256"))
+
+    def digest(msg):
+        e = cas.put_bytes(msg.SerializeToString() if hasattr(msg, "SerializeToString") else msg)
+        return pb.Digest(hash=e.digest, size_bytes=e.size)
+    inner = pb.Directory()
+    inner.files.add(name="b", digest=digest(b"x"))
+    stager = Stager(SimpleNamespace(pb=pb), cas)
+    for where in ("bgraph/out", "bgraph/src"):
+        for dup in ("symlink", "file"):
+            d = pb.Directory()
+            d.directories.add(name="a", digest=digest(inner))
+            if dup == "symlink":
+                d.symlinks.add(name="a", target="/etc")
+            else:
+                d.files.add(name="a", digest=digest(b"y"))
+            bgraph = pb.Directory()
+            bgraph.directories.add(name=where.split("/")[1], digest=digest(d))
+            if where != "bgraph/out":
+                bgraph.directories.add(name="out", digest=digest(pb.Directory()))
+            root = pb.Directory()
+            root.directories.add(name="bgraph", digest=digest(bgraph))
+            with pytest.raises(BadInput, match=f"{where}/a twice"):
+                stager.mounts(digest(root), ["bgraph/out"])
+    cas.close()
+
+
+def test_remove_tree_takes_any_depth_and_never_opens_a_fifo(tmp_path):
+    """A lease directory as an action may leave it: 3000 directories deep (past PATH_MAX and
+    Python's recursion limit), a FIFO, a listening unix socket, a 0000 and a 0555 directory, a
+    symlink to a host directory. All of it goes; the FIFO is not opened (that would hang), the
+    host directory behind the link keeps its file."""
+    import socket
+
+    from build_graph.remote_exec.fsops import remove_tree
+
+    lease = tmp_path / "lease"
+    lease.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("k")
+    fd = os.open(lease, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        sub = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.mkfifo("fifo", dir_fd=fd)
+    os.close(fd)
+    os.mkfifo(lease / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(lease / "sock"))
+    sock.listen()
+    (lease / "locked" / "in").mkdir(parents=True)
+    (lease / "locked" / "in" / "f").write_text("f")
+    os.chmod(lease / "locked" / "in", 0o555)
+    os.chmod(lease / "locked", 0)
+    os.symlink(outside, lease / "link")
+    start = time.time()
+    remove_tree(lease)
+    sock.close()
+    assert not lease.exists() and (outside / "keep").read_text() == "k"
+    assert time.time() - start < 60
+    remove_tree(lease)  # gone already: nothing to do
+
+
+def test_outputs_nested_too_deep_are_refused_and_sparse_files_stay_sparse(tmp_path):
+    """outputs: a directory nested past MAX_DEPTH is BadOutput (the action's fault, one line); a
+    1 GiB sparse output costs the worker's cache no disk; a 20 MiB log keeps its last 16 MiB
+    behind a line saying what was dropped."""
+    from build_graph.model import Digester
+    from build_graph.remote_exec import outputs as outs
+    from build_graph.store.cas import LocalCas
+    from build_graph.store.reapi import reapi_pb2 as pb
+
+    cas = LocalCas(tmp_path / "cache", Digester("sha256"))
+    deep = tmp_path / "w" / "deep"
+    p = deep
+    for _ in range(outs.MAX_DEPTH + 5):
+        p = p / "d"
+    p.mkdir(parents=True)
+    with pytest.raises(outs.BadOutput, match="nests more than 256"):
+        outs.collect(pb, cas, lambda path: str(tmp_path / "w" / path), ["deep"], "")
+    sparse = tmp_path / "w" / "sparse"
+    with open(sparse, "wb") as f:
+        f.write(b"head")
+        f.truncate(1 << 30)
+        f.seek((1 << 30) - 4)
+        f.write(b"tail")
+    got = outs.collect(pb, cas, lambda path: str(tmp_path / "w" / path), ["sparse"], "")
+    (out,) = got.files
+    blob = cas.blob_path(out.digest.hash)
+    assert out.digest.size_bytes == 1 << 30 and blob.stat().st_size == 1 << 30
+    assert blob.stat().st_blocks * 512 < 1 << 20, "the hole was filled"
+    h = hashlib.sha256(b"head")
+    zeros = bytes(8 << 20)
+    left = (1 << 30) - 8
+    while left:
+        h.update(zeros[:min(left, len(zeros))])
+        left -= min(left, len(zeros))
+    h.update(b"tail")
+    assert out.digest.hash == h.hexdigest()
+    log = tmp_path / "stdout"
+    log.write_bytes(b"a" * (4 << 20) + b"b" * (16 << 20))
+    capped = outs.cap_log(log)
+    data = capped.read_bytes()
+    first, _, rest = data.partition(b"\n")
+    assert b"first 4194304 of 20971520 bytes were dropped" in first and rest == b"b" * (16 << 20)
+    small = tmp_path / "small"
+    small.write_bytes(b"x")
+    assert outs.cap_log(small) == small
+    sparse_log = tmp_path / "stderr"
+    with open(sparse_log, "wb") as f:
+        f.write(b"start\n")
+        f.truncate(64 << 20)
+    capped = outs.cap_log(sparse_log)
+    assert capped.stat().st_size < (16 << 20) + 200 and capped.stat().st_blocks * 512 < 1 << 20
+    cas.close()
+
+
+def test_deep_output_fails_the_action_once_and_leaves_no_lease_directory(stack):
+    """Red-team K6 hole 4 (worker): a declared output directory nested 1100 deep (the old walk and
+    removal recursed: RecursionError killed the lease thread, INTERNAL, retried, a lease
+    directory left per try) fails as INVALID_ARGUMENT, once, with a FIFO in it unopened; an
+    undeclared deep directory beside a good output is removed and the action is OK."""
+    c = Client(stack.url)
+    nest = "i=0; while [ $i -lt 1100 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; mkfifo p"
+    bad = c.action(sh(f"mkdir bgraph/out/deep && cd bgraph/out/deep && {nest}; echo {uuid.uuid4()}"),
+                   ["bgraph/out/deep"], timeout_s=120)
+    response, _, _ = c.execute(bad, timeout_s=300)
+    assert response.status.code == 3 and "nests more than 256" in response.status.message, response.status
+    good = c.action(sh(f"echo ok > bgraph/out/ok; cd bgraph/out && {nest}; echo {uuid.uuid4()}"),
+                    ["bgraph/out/ok"], timeout_s=120)
+    response, _, _ = c.execute(good, timeout_s=300)
+    assert response.status.code == 0 and response.result.exit_code == 0, response.status
+    for w in stack.workers:
+        wait_until(lambda w=w: not list((w.root / "leases").glob("slot-*/lease-*")), 30,
+                   f"{w.root.name}'s lease directories to be removed")
+        text = w.log.read_text(errors="replace")
+        assert "RecursionError" not in text and "failed in the worker" not in text
+
+
+def test_sparse_output_and_huge_stdout_cost_the_worker_no_disk(stack):
+    """Red-team K6 hole 8: a 128 MiB sparse output stays sparse in the worker's cache and is
+    streamed to the server (ByteStream, never read whole); a 64 MiB sparse stdout is kept as its
+    last 16 MiB behind a line saying what was dropped."""
+    c = Client(stack.url)
+    size = 128 << 20
+    digest = c.action(sh(f"echo head; truncate -s {64 << 20} /proc/self/fd/1; truncate -s {size} bgraph/out/x; "
+                         f": {uuid.uuid4()}"), ["bgraph/out/x"], timeout_s=120)
+    before = {w.root.name: _disk_bytes(w.root / "cache") for w in stack.workers}
+    response, _, _ = c.execute(digest, timeout_s=300)
+    assert response.status.code == 0 and response.result.exit_code == 0, response.status
+    (out,) = response.result.output_files
+    h = hashlib.sha256()
+    zeros = bytes(8 << 20)
+    for _ in range(size // len(zeros)):
+        h.update(zeros)
+    assert (out.digest.size_bytes, out.digest.hash) == (size, h.hexdigest())
+    worker = response.result.execution_metadata.worker.split("/")[0]
+    w = next(w for w in stack.workers if w.root.name == worker)
+    assert _disk_bytes(w.root / "cache") - before[worker] < 8 << 20, "the worker's cache filled the holes"
+    stdout = response.result.stdout_digest
+    assert stdout.size_bytes < (16 << 20) + 200
+    head = c.cas.get_blob(stdout.hash, stdout.size_bytes)[:200]
+    assert head.startswith(b"[bgraph worker: the first ") and b"of 67108864 bytes were dropped" in head
+
+
+def _disk_bytes(root: Path) -> int:
+    """The disk a tree uses (allocated blocks, not sizes)."""
+    total = 0
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def test_workers_carry_on_across_a_buildgrid_restart(stack):

@@ -31,7 +31,14 @@ class PatientRemote:
         attr = getattr(self._remote, name)
         if name not in CAS_CALLS:
             return attr
+        return self._patient(attr)
 
+    def patiently(self, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)`, called again as a CAS call is while the server is busy (a
+        streamed upload made outside ReapiRemote's own calls)."""
+        return self._patient(fn)(*args, **kwargs)
+
+    def _patient(self, attr):
         def patient(*args, **kwargs):
             backoff, waited = 0.1, 0.0
             while True:

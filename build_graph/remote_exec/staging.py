@@ -115,8 +115,9 @@ class Stager:
                         following[sub.digest.hash] = sub.digest.size_bytes
             level = following
 
-    def tree(self, digest) -> Tree:
-        """The subtree at Directory `digest` as a bgraph Tree, every file blob local."""
+    def tree(self, digest, where: str = "") -> Tree:
+        """The subtree at Directory `digest` as a bgraph Tree, every file blob local; `where`
+        (its path in the input root) names it in a refusal."""
         with self._lock:
             known = self._trees.get(digest.hash)
             if known is not None:
@@ -143,6 +144,7 @@ class Stager:
                 d = self._dirs[h]
             if not (d.files or d.directories or d.symlinks) and prefix:
                 out[prefix] = DirEntry()
+            unique_names(d, "/".join(p for p in (where, prefix) if p))
             for node in d.files:
                 out[_join(prefix, node.name)] = FileEntry(node.digest.hash, node.digest.size_bytes, node.is_executable)
                 blobs[node.digest.hash] = node.digest.size_bytes
@@ -206,6 +208,7 @@ class Stager:
         def visit(d, path: str, depth: int) -> None:
             if depth > 256:
                 raise BadInput("the input root nests more than 256 directories deep")
+            unique_names(d, path)
             for node in d.files:
                 leaf(_join(path, node.name), FileEntry(node.digest.hash, node.digest.size_bytes, node.is_executable))
             for node in d.symlinks:
@@ -214,7 +217,7 @@ class Stager:
                 p = _join(path, node.name)
                 w = owner(p)
                 if w is not None:  # copied into the writable directory
-                    below = self.tree(node.digest)
+                    below = self.tree(node.digest, p)
                     rel = p[len(w) + 1:] if p != w else ""
                     if rel and not below.entries:
                         got.writable[w][rel] = DirEntry()
@@ -232,7 +235,7 @@ class Stager:
                     got.ops.append(("dir", p))
                     visit(sub, p, depth + 1)
                 else:
-                    got.ops.append(("tree", p, self.tree(node.digest)))
+                    got.ops.append(("tree", p, self.tree(node.digest, p)))
 
         root_dir = self._dirs[root.hash]
         for name in [n.name for n in (*root_dir.files, *root_dir.symlinks, *root_dir.directories)]:
@@ -242,8 +245,31 @@ class Stager:
             if w.split("/", 1)[0] in RESERVED:
                 raise BadInput(f"output directory /{w} lies in the sandbox's own /{w.split('/', 1)[0]}")
         visit(root_dir, "", 0)
+        for w, entries in got.writable.items():
+            _nothing_below_a_non_directory(w, entries)
         self.fetch_blobs(leaves)
         return got
+
+
+def unique_names(d, prefix: str) -> None:
+    """Refuse a Directory naming one entry twice (REAPI: names are unique). A symlink `a` and a
+    directory `a` side by side would put `a/b` below a symlink: laid out, `b` went through it."""
+    seen: set[str] = set()
+    for node in (*d.files, *d.symlinks, *d.directories):
+        if node.name in seen:
+            raise BadInput(f"input root names {_join(prefix, node.name)} twice (a Directory's names must be unique)")
+        seen.add(node.name)
+
+
+def _nothing_below_a_non_directory(w: str, entries: dict[str, object]) -> None:
+    """Refuse an entry of writable directory `w` below a symlink or file of it (as
+    LocalCas.materialize refuses one in a tree): laid out, it would be made through the link."""
+    for path in entries:
+        parent = path.rpartition("/")[0]
+        while parent:
+            if not isinstance(entries.get(parent, DirEntry()), DirEntry):
+                raise BadInput(f"input root holds {w}/{path} below non-directory {w}/{parent}")
+            parent = parent.rpartition("/")[0]
 
 
 def _join(prefix: str, name: str) -> str:

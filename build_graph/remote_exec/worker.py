@@ -29,10 +29,14 @@ THE CONTRACT WITH THE CLIENT (remote_exec/client.py builds input roots to it):
   first: directories made, symlinks as they are, files as copies (never links into the worker's
   cache) with the store's modes 0444/0555 and mtime FIXED_MTIME, as every input locally has.
   An output directly at the input root's top level that is not a directory of it has no parent
-  to bind (INVALID_ARGUMENT).
+  to bind (INVALID_ARGUMENT). A Directory naming one entry twice (REAPI: names are unique) is
+  refused (INVALID_ARGUMENT), so nothing lies below a symlink; the layout never follows a link.
 - Outputs are collected after the run: a regular file as an OutputFile (executable bit kept), a
   symlink as an OutputSymlink, a directory as an OutputDirectory whose Tree is uploaded. A
-  declared output the action did not make is simply absent (REAPI).
+  declared output the action did not make is simply absent (REAPI). An output directory nested
+  more than 256 deep (or naming a non-UTF-8 name) fails the action with INVALID_ARGUMENT: its own
+  doing, not retried. A stdout or stderr over 16 MiB keeps its last 16 MiB, after a first line
+  saying how many bytes were dropped. Sparse outputs stay sparse in the worker's cache.
 - Platform properties the worker offers: `OSFamily=Linux`, `ISA=x86-64` or `aarch64` (the
   host's, or with `--isa aarch64 --qemu FILE` the one it emulates: runner.emulating), and
   `bgraph-sandbox=SANDBOX_VERSION`, which the client sends too: a change of this
@@ -68,6 +72,7 @@ from build_graph.remote_exec import outputs as outs
 from build_graph.remote_exec.patient import PatientRemote
 from build_graph.remote_exec.bots import BotsClient, SessionGone, Stopped
 from build_graph.remote_exec.cache_bound import Uses, parse_size, tree_bytes
+from build_graph.remote_exec.fsops import Layout, Refused, remove_tree
 from build_graph.remote_exec.runner import Process, bwrap_options, emulating, emulation_problem
 from build_graph.remote_exec.staging import (
     BadInput,
@@ -225,7 +230,7 @@ class Worker:
             raise LoadError(f"another bgraph worker uses the work directory {self.work_dir}",
                             hint="give each worker its own --work-dir (and --name)") from None
         for slot in self.work_dir.glob("slot-*"):
-            rmtree(slot)
+            remove_tree(slot)
 
     # -- one bot -------------------------------------------------------------------------------
     def _session_template(self, index: int) -> rw.BotSession:
@@ -396,14 +401,26 @@ class Worker:
             return _status(FAILED_PRECONDITION, str(e), e.blobs), None
         except BadInput as e:
             return _status(INVALID_ARGUMENT, str(e)), None
+        except outs.BadOutput as e:
+            # The action's own making (a tree nested too deep): failing it again elsewhere
+            # would end the same, so no retry (INTERNAL would have BuildGrid run it again).
+            return _status(INVALID_ARGUMENT, f"the action's outputs are refused: {e}"), None
         except (CorruptInput, RemoteUnavailable) as e:
             return _status(UNAVAILABLE, f"worker {meta.worker}: {e}"), None
         except Exception as e:  # noqa: BLE001 - our own failure: the server retries it elsewhere
             log.error("lease %s failed in the worker:\n%s", lease.id, traceback.format_exc())
             return _status(INTERNAL, f"worker {meta.worker}: {type(e).__name__}: {e}"), None
         finally:
-            if lease_dir.exists():
-                rmtree(lease_dir)
+            self._remove_lease(lease_dir)
+
+    def _remove_lease(self, lease_dir: Path) -> None:
+        """Remove a lease's directory, whatever the action left there (fd-based and iterative:
+        FIFOs and sockets unlinked, never opened; any depth); a failure is logged, never raised
+        (the lease's status is already decided, and _purge_old takes what is left)."""
+        try:
+            remove_tree(lease_dir)
+        except OSError as e:
+            log.error("could not remove lease directory %s: %s", lease_dir, e)
 
     def _run(self, action, command, wd: str, outputs: list[str], mounts, lease_dir: Path,
              cancelled: threading.Event, meta):
@@ -435,10 +452,14 @@ class Worker:
         for i, w in enumerate(writable):
             host = lease_dir / f"w{i}"
             host.mkdir()
-            self._stage_writable(host, writable[w])
-            for o in outputs:
-                if o.startswith(w + "/") and "/" in o[len(w) + 1:]:
-                    (host / os.path.dirname(o[len(w) + 1:])).mkdir(parents=True, exist_ok=True)
+            with Layout(host) as layout:
+                try:
+                    self._stage_writable(layout, writable[w])
+                    for o in outputs:
+                        if o.startswith(w + "/") and "/" in o[len(w) + 1:]:
+                            layout.directory(os.path.dirname(o[len(w) + 1:]))
+                except Refused as e:
+                    raise BadInput(f"cannot lay out /{w}: {e.strerror}") from None
             binds.append((host, w))
         options = bwrap_options(shutil.which("bwrap") or "bwrap", mounts, binds, wd)
         env = {e.name: e.value for e in command.environment_variables}
@@ -486,7 +507,10 @@ class Worker:
         result = pb.ActionResult(exit_code=ended.exit_code, output_files=got.files,
                                  output_directories=got.directories, output_symlinks=got.symlinks)
         for name, path in (("stdout", stdout), ("stderr", stderr)):
-            entry = self.cas.put_file(path)
+            # Capped (the action may ftruncate its stdout to a terabyte for free) and stored as
+            # outputs are: a hole stays a hole, nothing is read whole.
+            log_file = outs.cap_log(path)
+            entry = outs.store_file(self.cas, log_file)
             got.blob(entry, self.cas.blob_path(entry.digest))
             getattr(result, f"{name}_digest").CopyFrom(pb.Digest(hash=entry.digest, size_bytes=entry.size))
         self._stored_bytes += sum(size for size, _source in got.blobs.values())
@@ -496,23 +520,21 @@ class Worker:
         result.execution_metadata.CopyFrom(meta)
         return _status(OK, ""), result
 
-    def _stage_writable(self, host: Path, entries: dict) -> None:
+    def _stage_writable(self, layout: Layout, entries: dict) -> None:
         """What the input root holds below a writable directory, laid out there: directories,
         symlinks, and files as copies (the action may change them; the cache's blobs stay intact).
         A copy is as the store lays a file out (LocalCas.materialize): mode 0444 or 0555, mtime
         FIXED_MTIME, so an action that tells inputs by their date (a configure's `find -newermt`)
-        sees one here as it would locally."""
+        sees one here as it would locally. Every step goes through `layout`, which never follows
+        a symlink (staging refuses entries below one; this holds whatever the entries say)."""
         for path, entry in entries.items():
-            target = host / path
-            target.parent.mkdir(parents=True, exist_ok=True)
             if isinstance(entry, FileEntry):
-                shutil.copyfile(self.cas.blob_path(entry.digest), target)
-                os.chmod(target, 0o555 if entry.executable else 0o444)
-                os.utime(target, (FIXED_MTIME, FIXED_MTIME))
+                layout.copy(self.cas.blob_path(entry.digest), path, 0o555 if entry.executable else 0o444,
+                            FIXED_MTIME)
             elif hasattr(entry, "target"):
-                os.symlink(entry.target, target)
+                layout.symlink(entry.target, path)
             else:
-                target.mkdir(exist_ok=True)
+                layout.directory(path)
 
 
 def _is_dir(path: str, mounts) -> bool:

@@ -1,0 +1,183 @@
+"""File-system steps the worker takes in a lease directory, where an action (or its input root)
+decides what lies there: nothing here follows a symlink it did not make, opens a FIFO or socket,
+or recurses (an action may leave a directory nested thousands deep, past PATH_MAX too)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Refused(OSError):
+    """A path the worker will not create: a component on the way is not a directory it may enter."""
+
+
+def open_dir(parent_fd: int, name: str) -> int:
+    """`name` in `parent_fd` opened as a directory, never through a symlink; made searchable and
+    writable first where the action left it without (0000, 0555)."""
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except PermissionError:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise
+        os.chmod(name, 0o700, dir_fd=parent_fd)  # a directory a moment ago: O_NOFOLLOW below checks again
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+            os.fchmod(fd, 0o700)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_tree(path: Path | str) -> None:
+    """Remove `path` and everything below it without recursion and without opening anything but
+    directories: FIFOs, sockets and devices are unlinked, symlinks never followed. Holds two file
+    descriptors at a time whatever the depth; `..` is checked to be the directory it came from."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    top = os.open(os.path.dirname(os.path.abspath(path)) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _remove_below(top, os.path.basename(os.path.abspath(path)))
+    finally:
+        os.close(top)
+
+
+def _remove_below(top: int, name: str) -> None:
+    top_st = os.fstat(top)
+    parents = [(top_st.st_dev, top_st.st_ino)]  # the (dev, inode) `..` must be, per level
+    names = [name]
+    fd = open_dir(top, name)
+    try:
+        while True:
+            sub = None
+            with os.scandir(fd) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        sub = e.name
+                        break
+                    os.unlink(e.name, dir_fd=fd)
+            if sub is not None:
+                here = os.fstat(fd)
+                child = open_dir(fd, sub)
+                os.close(fd)
+                fd = child
+                parents.append((here.st_dev, here.st_ino))
+                names.append(sub)
+                continue
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            st = os.fstat(up)
+            if (st.st_dev, st.st_ino) != parents.pop():
+                raise OSError(errno.ESTALE, f"a directory moved while it was removed, below {name}")
+            os.rmdir(names.pop(), dir_fd=up)
+            if not names:
+                return
+    finally:
+        os.close(fd)
+
+
+class Layout:
+    """Creates entries below directory `root` (a lease's writable directory) by relative path,
+    each parent entered with O_NOFOLLOW: a symlink the input root or an earlier step put on the
+    way is refused, never followed, so nothing is made outside `root`."""
+
+    def __init__(self, root: Path):
+        self.root = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._fds: dict[str, int] = {"": self.root}
+
+    def close(self) -> None:
+        """Close every directory held open."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> Layout:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def directory(self, rel: str) -> int:
+        """The fd of directory `rel` below the root, made (0755) where missing."""
+        if rel in self._fds:
+            return self._fds[rel]
+        parent, _, name = rel.rpartition("/")
+        pfd = self.directory(parent)
+        try:
+            os.mkdir(name, 0o755, dir_fd=pfd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIR, dir_fd=pfd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise Refused(errno.ENOTDIR, f"{rel} is not a directory (a symlink or file is there)") from None
+            raise
+        self._fds[rel] = fd
+        return fd
+
+    def _parent(self, rel: str) -> tuple[int, str]:
+        parent, _, name = rel.rpartition("/")
+        return self.directory(parent), name
+
+    def copy(self, source: Path | str, rel: str, mode: int, mtime: int) -> None:
+        """A new file `rel` holding `source`'s bytes (holes kept), with `mode` and `mtime`."""
+        pfd, name = self._parent(rel)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+        except FileExistsError:
+            raise Refused(errno.EEXIST, f"{rel} is there already") from None
+        try:
+            with open(source, "rb") as src:
+                copy_sparse(src.fileno(), fd)
+            os.fchmod(fd, mode)
+            os.utime(fd, (mtime, mtime))
+        finally:
+            os.close(fd)
+
+    def symlink(self, target: str, rel: str) -> None:
+        """A symlink `rel` -> `target` (made, never followed)."""
+        pfd, name = self._parent(rel)
+        try:
+            os.symlink(target, name, dir_fd=pfd)
+        except FileExistsError:
+            raise Refused(errno.EEXIST, f"{rel} is there already") from None
+
+
+def copy_sparse(src: int, dst: int) -> int:
+    """Copy file `src` to the empty file `dst` (fds), only the data extents: a hole stays a hole
+    (an action's `truncate -s 1G` costs no disk). The size copied."""
+    size = os.fstat(src).st_size
+    offset = 0
+    while offset < size:
+        try:
+            data = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no data past offset, only a hole to the end
+                raise
+            break
+        hole = os.lseek(src, data, os.SEEK_HOLE)
+        pos = data
+        while pos < hole:
+            chunk = os.pread(src, min(8 << 20, hole - pos), pos)
+            if not chunk:
+                break
+            os.pwrite(dst, chunk, pos)
+            pos += len(chunk)
+        offset = hole
+    os.ftruncate(dst, size)
+    return size
