@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 
 from build_graph.model import FileEntry
-from build_graph.remote_exec.fsops import open_dir, copy_sparse
+from build_graph.remote_exec.fsops import copy_sparse, open_dir
 from build_graph.store.cas import LocalCas
+from build_graph.store.remote import RemoteUnavailable
 
 MAX_DEPTH = 256  # an output directory nested deeper is refused (as input roots are)
 SMALL = 1 << 20  # files up to this size are read whole and stored (hashed first, written if new)
@@ -207,7 +208,6 @@ def _stream(remote, digest: str, size: int, path) -> None:
                     return
     response = remote._guarded(lambda: write(requests(), timeout=remote.timeout + size / (20 << 20)))
     if response.committed_size not in (size, -1):
-        from build_graph.store.remote import RemoteUnavailable
         raise RemoteUnavailable(f"ByteStream.Write committed {response.committed_size} of {size} bytes")
 
 
