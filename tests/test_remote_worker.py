@@ -791,6 +791,9 @@ def test_remove_tree_takes_any_depth_and_never_opens_a_fifo(tmp_path):
     os.chmod(lease / "locked" / "in", 0o555)
     os.chmod(lease / "locked", 0)
     os.symlink(outside, lease / "link")
+    for i in range(2000):  # wide too: each directory is read once, not once per subdirectory
+        (lease / "wide" / f"d{i}").mkdir(parents=True)
+        (lease / "wide" / f"f{i}").write_text("f")
     start = time.time()
     remove_tree(lease)
     sock.close()

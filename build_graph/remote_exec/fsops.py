@@ -55,28 +55,37 @@ def remove_tree(path: Path | str) -> None:
         os.close(top)
 
 
+def _empty(fd: int) -> list[str]:
+    """Unlink every non-directory in directory `fd`; the names of its subdirectories."""
+    subs = []
+    with os.scandir(fd) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                subs.append(e.name)
+            else:
+                os.unlink(e.name, dir_fd=fd)
+    return subs
+
+
 def _remove_below(top: int, name: str) -> None:
     top_st = os.fstat(top)
     parents = [(top_st.st_dev, top_st.st_ino)]  # the (dev, inode) `..` must be, per level
     names = [name]
     fd = open_dir(top, name)
     try:
+        pending = [_empty(fd)]  # per level: subdirectories still to remove (each directory read once)
         while True:
-            sub = None
-            with os.scandir(fd) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        sub = e.name
-                        break
-                    os.unlink(e.name, dir_fd=fd)
-            if sub is not None:
+            if pending[-1]:
+                sub = pending[-1].pop()
                 here = os.fstat(fd)
                 child = open_dir(fd, sub)
                 os.close(fd)
                 fd = child
                 parents.append((here.st_dev, here.st_ino))
                 names.append(sub)
+                pending.append(_empty(fd))
                 continue
+            pending.pop()
             up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = up
