@@ -213,3 +213,16 @@ def test_second_index_is_used_when_the_first_lacks_the_file(make_ws, tmp_path):
     ws.env = {"PIP_INDEX_URL": f"file://{empty}", "PIP_EXTRA_INDEX_URL": index}
     run = ws.build("//deps:tiny-wheel")
     assert run.rc == 0, run.stderr
+
+
+def test_an_http_archive_url_naming_no_file_is_fetched_under_a_name_of_its_own(make_ws, tmp_path):
+    """A url ending in '/..' or '/' named the file '..' (a path out of the tree) or nothing."""
+    import hashlib
+    data = b"payload\n"
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "f").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    ws = make_ws({"targets/p.toml": f'[x]\nkind = "http_archive"\nurl = "file://{tmp_path}/srv/f/.."\n'
+                                    f'sha256 = "{sha}"\n'})
+    run = ws.cli("build", "//p:x")
+    assert "fetch download" in run.output and "Traceback" not in run.output and "escapes" not in run.output, run.output

@@ -45,7 +45,9 @@ def plan_http_archive(ctx: RuleContext) -> PlanGen:
             raise ctx.fail(f"pin {ctx.attrs.pin!r} is a {pin.kind} pin; http_archive needs a url pin", "pin")
         action = ctx.fetch_action(ctx.attrs.pin, "pin")
     else:
-        filename = re.sub(r"[?#].*$", "", ctx.attrs.url).rsplit("/", 1)[-1] or "download"
+        filename = re.sub(r"[?#].*$", "", ctx.attrs.url).rsplit("/", 1)[-1]
+        if filename in ("", ".", ".."):  # no file name ('…/', '…/..'): a name that stays in the tree
+            filename = "download"
         action = fetch(f"fetch {filename}", filename, ctx.attrs.sha256, "url", url=ctx.attrs.url)
     [fetched] = yield [action]
     return TargetOutput(fetched.tree, {})
