@@ -323,8 +323,9 @@ def target_archs(named: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
 
 
 def target_arch(tu: str | None, arch: str | None, archs: dict[str, set[str]]) -> str | None:
-    """Device preprocessing is named after __CUDA_ARCH__ (1210), the later steps after the
-    target (121a): the target name, where exactly one of the TU's fits."""
+    """Device preprocessing is named after the target (121a) as the later steps are; a trace
+    recorded before that names it after __CUDA_ARCH__ (1210): the target name, where exactly
+    one of the TU's fits."""
     if not arch or not arch.isdigit():
         return arch
     fits = [a for a in archs.get(tu, ()) if a.rstrip("af") == str(int(arch) // 10)]

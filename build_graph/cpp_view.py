@@ -16,7 +16,10 @@ macros (`defined_names`). Anything this module does not model makes it answer No
 tell"), which the rebuilder treats as a change:
 - an identifier of unknown value anywhere in a condition (it could expand to any tokens);
 - raw strings, trigraphs, digraphs, digit separators, carriage returns, a byte-order mark;
-- a line that starts inside a block comment and has more on it than the comment's end;
+- a line that starts inside a block comment and has more on it than the comment's end, and a
+  directive whose block comment runs on past its line;
+- a NUL byte (GCC reads it as a blank: `#<NUL>endif` is a directive), an integer literal above
+  INT64_MAX (unsigned in GCC), a `__has_include(<…>)` whose name holds a quote or a comment;
 - a `#include <…/*…>` (GCC lexes it differently in skipped groups);
 - unbalanced conditionals, or a redefinition, anywhere in the file, of a macro it relies on.
 Skipped text is lexed as GCC lexes it (comments, literals that end at the line's end) so that
@@ -48,6 +51,9 @@ _SPLICE = re.compile(rb"\\[ \t\f\v]*\n")
 _TRIGRAPH = re.compile(rb"\?\?[=(/)'<!>-]")
 _RAW_STRING = re.compile(rb"(?:^|[^A-Za-z0-9_$])(?:u8|[uUL])?R\"")
 _ANGLED_COMMENT = re.compile(rb"(?:#|%:)[ \t]*(?:include|include_next|import)[ \t]*<[^>\n]*/[*/]")
+# `__has_include(<x".h>) /*`: GCC reads `<…>` as a header name, so a quote in it opens nothing
+# and the `/*` after it opens a comment; the lexer here would read a string.
+_ANGLED_HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?[ \t]*\([ \t]*<[^>\n]*(?:[\"']|/[*/])")
 _CONDITIONAL = {"if", "ifdef", "ifndef", "elif", "elifdef", "elifndef", "else", "endif"}
 _INT = re.compile(r"(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)[lL]{0,2}$")
 _EXPR_TOKEN = re.compile(r"\s*(?:(\d[\w.]*)|([A-Za-z_$][\w$]*)|(&&|\|\||==|!=|<=|>=|<<|>>|[-+*/%<>!()~&|^?:,])|(\S))")
@@ -110,7 +116,12 @@ def command_macros(argv: Iterable[str]) -> Macros | None:
         if a.startswith(("-D", "-U")):
             name, eq, value = a[2:].partition("=")
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or (a.startswith("-U") and eq):
-                if "(" in name:  # a function-like macro: never known, but harmless
+                if "(" in name and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.split("(")[0]):
+                    # A function-like macro: its name is defined (`#ifdef` sees it), its value never known.
+                    name = name.split("(")[0]
+                    mentioned.add(name)
+                    values.pop(name, None)
+                    undefined.discard(name)
                     i += 1
                     continue
                 return None
@@ -133,7 +144,8 @@ def _integer(text: str) -> int | None:
     if not m:
         return None
     digits = m.group(1)
-    return int(digits, 16) if digits[:2] in ("0x", "0X") else int(digits, 8 if digits[0] == "0" else 10)
+    number = int(digits, 16) if digits[:2] in ("0x", "0X") else int(digits, 8 if digits[0] == "0" else 10)
+    return number if number in _INT64 else None  # above INT64_MAX the literal is unsigned: not modelled
 
 
 def defined_names(data: bytes) -> frozenset[str]:
@@ -149,8 +161,9 @@ def defined_names(data: bytes) -> frozenset[str]:
 def view(data: bytes, macros: Macros) -> bytes | None:
     """`data` with the lines of every conditional group a run with `macros` skips made empty
     (same line count), or None when that cannot be told soundly."""
-    if (b"\r" in data or data.startswith(b"\xef\xbb\xbf") or b"%:" in data or _TRIGRAPH.search(data)
-            or _RAW_STRING.search(data) or _ANGLED_COMMENT.search(data)):
+    if (b"\r" in data or b"\0" in data or data.startswith(b"\xef\xbb\xbf") or b"%:" in data
+            or _TRIGRAPH.search(data) or _RAW_STRING.search(data) or _ANGLED_COMMENT.search(data)
+            or _ANGLED_HAS_INCLUDE.search(data)):
         return None
     if any(macros.lookup(n) is not None for n in defined_names(data)):
         return None  # the file changes a macro its groups would be judged by
@@ -173,8 +186,10 @@ def view(data: bytes, macros: Macros) -> bytes | None:
         skipping = bool(stack) and stack[-1].skip
         stripped = code.lstrip(" \t\f\v")
         if stripped.startswith("#"):
-            if started_in_comment:
-                return None  # `*/ #if`: whether that is a directive is not worth guessing
+            if started_in_comment or in_comment:
+                # `*/ #if`, or a directive whose block comment runs on into the next line (GCC
+                # reads what follows the comment's end there as part of the directive).
+                return None
             m = re.match(r"#[ \t\f\v]*([A-Za-z_]\w*|\d*)(.*)", stripped, re.S)
             name, rest = m.group(1), m.group(2)
             if name in _CONDITIONAL:

@@ -89,6 +89,11 @@ def test_conditions(condition, skipped_at_1200):
     b"#endif\n",
     b"/* a\n*/ #if 0\nint x;\n#endif\n",
     b"#include <a/*b.h>\n",
+    # red-team read K8: each of these made an edit GCC compiles look skipped
+    b"#if __CUDA_ARCH__ == 1210 /* c\n */ || 1\nint x;\n#endif\n",  # the comment joins the next line
+    b"# /*\n*/ endif\n",
+    b"#if __has_include(<x\".h>) /*\n*/\n#endif\n",
+    b"#if 0\n#\0endif\nint x;\n#endif\n",  # GCC reads NUL as a blank
 ])
 def test_what_is_not_modelled_is_refused(text):
     assert view(text, command_macros(DEVICE_1200)) is None
@@ -103,6 +108,21 @@ def test_command_lines_it_does_not_model():
     assert m.lookup("B") == 1 and m.lookup("C") == 16 and m.lookup("E") == 2
     assert m.lookup("D") is None and m.lookup("A") is not None and m.lookup("__CUDA_ARCH__") is not None
     assert m.without({"B"}).lookup("B") is None
+
+
+def test_a_literal_above_int64_is_of_unknown_value():
+    """0xFFFFFFFFFFFFFFFF is unsigned in GCC (== -1 holds): its group is never taken as skipped."""
+    text = b"#if 0xFFFFFFFFFFFFFFFF == -1\nint x;\n#endif\n"
+    assert view(text, command_macros(DEVICE_1200)) == text
+
+
+def test_a_function_like_define_defines_its_name():
+    """-D'__CUDA_ARCH_CHECK(v)=v' defines __CUDA_ARCH_CHECK: `#ifdef` takes that group (it was
+    taken as a never-predefined, so undefined, name and its group as skipped)."""
+    macros = command_macros([*DEVICE_1200, "-D__CUDA_ARCH_CHECK(v)=v"])
+    text = b"#ifdef __CUDA_ARCH_CHECK\nint x;\n#endif\n"
+    assert macros.lookup("__CUDA_ARCH_CHECK") is None
+    assert view(text, macros) is None or view(text, macros) == text
 
 
 def test_defined_names_is_a_superset():

@@ -793,7 +793,7 @@ def test_explain_groups_a_big_targets_steps_by_translation_unit():
     header = "input /bgraph/src/csrc/fp4/utils.cuh 1a2b… -> 3c4d…"
     records = [
         {"name": "hostpp obj/a.cu.o", "status": "executed", "reason": header, "duration_s": 1.0},
-        {"name": "devpp obj/a.cu.o 1210", "status": "executed", "reason": header, "duration_s": 1.0},
+        {"name": "devpp obj/a.cu.o 121a", "status": "executed", "reason": header, "duration_s": 1.0},
         {"name": "cicc obj/a.cu.o 121a", "status": "executed", "duration_s": 5.0,
          "reason": "input /bgraph/in/a.compute_121a.cpp1.ii 5e… -> 6f…"},
         # Named by the mount's digest when the earlier input tree is no longer in the store
@@ -805,7 +805,7 @@ def test_explain_groups_a_big_targets_steps_by_translation_unit():
     render_explain("//vllm:build", {"last_build": records}, Console(file=out, width=300, emoji=False))
     text = out.getvalue()
     assert "ran 4 steps of obj/a.cu.o (9.00s)" in text
-    assert f"because (hostpp, devpp 1210): {header}" in text
+    assert f"because (hostpp, devpp 121a): {header}" in text
     assert "then: cicc 121a, hostcc (their inputs, made by the steps above, changed)" in text
     assert "30 cut off and 0 hits not listed" in text and "cicc obj/t3.cu.o" not in text
 

@@ -98,12 +98,16 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
     except DryrunError as e:
         raise ctx.fail(f"{name}: {e}") from None
     producer = {out: str(i) for i, s in enumerate(steps) for out in s.outputs}
+    # A device preprocessing step is named after the arch of the cicc that reads it (121a, 120f):
+    # its own -D__CUDA_ARCH__ is one number for 12.0a and 12.0f, and two steps of one name made
+    # traces and `bgraph audit` take one for the other (names are not keyed: no key changes).
+    shown = {producer[n]: s.arch for s in steps if s.kind == "cicc" for n in s.inputs if n in producer}
     plugin = toolchain.info.get("macro_use")  # the gcc-macro-use plugin in the toolchain's tree, if it has one
     missing = sorted({n for s in steps for n in s.needs() if n not in producer})
     if missing:
         raise ctx.fail(f"{name}: nvcc steps read {missing[0]}, which no step writes; cannot schedule")
 
-    def make(s):
+    def make(index: str, s):
         def action(done):  # the step's action, from the Outcomes of the steps it reads from
             produced = {n: done[producer[n]].tree.entries[steps[int(producer[n])].output_path(n)]
                         for n in s.needs()}
@@ -132,14 +136,15 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             discovery = (Preprocessed(view.narrow, (f"{stem}.d",), record) if s.reads_source
                          else RecordedMacros(record=record) if record else None)
             return ctx.exec_action(
-                f"{s.kind} {name}" + (f" {s.arch}" if s.arch else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
+                f"{s.kind} {name}" + (f" {arch}" if (arch := shown.get(index, s.arch) if s.kind == "devpp" else s.arch)
+                                      else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
                 outputs=outputs, env=env, toolchain=toolchain, memory_mb=view.memory_mb if heavy else 256,
                 cwd=view.cwd if s.reads_source else OUT, staged=view.staged if s.reads_source else None,
                 discovery=discovery)
         return action
 
     # Each step runs once the steps it reads from are done: ptxas 121a never waits for cicc 120a.
-    done = yield Dataflow({str(i): (tuple(dict.fromkeys(producer[n] for n in s.needs())), make(s))
+    done = yield Dataflow({str(i): (tuple(dict.fromkeys(producer[n] for n in s.needs())), make(str(i), s))
                            for i, s in enumerate(steps)})
     last = steps[-1]
     return done[str(len(steps) - 1)].tree.entries[last.output_path(last.outputs[0])]
