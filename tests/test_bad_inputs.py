@@ -239,3 +239,13 @@ def test_a_profile_on_a_full_disk_names_the_profile(make_ws):
     assert line == "error: cannot write the profile to /dev/full: No space left on device", run.output
     assert run.rc == 2 and "cache gc" not in run.output and "OK: executed 1" in run.output, run.output
     assert (ws.root / "bgraph-out/p/a/o").read_text() == "a\n"
+
+
+def test_an_output_named_in_another_encoding_is_one_line(make_ws):
+    """An action's output whose name is not UTF-8 (a tree path is text) was 'TypeError: str is not
+    valid UTF-8' naming nothing."""
+    ws = make_ws({"targets/p.toml": '[a]\nkind = "genrule"\nouts = ["d"]\n'
+                                    'cmd = "mkdir $OUT/d && touch $OUT/d/$(printf \'caf\\\\351\')"\n'})
+    run = ws.cli("build", "//p:a")
+    assert run.rc != 0 and "output b'd/caf\\xe9' has a name that is not valid UTF-8" in run.stderr, run.output
+    assert "Traceback" not in run.output and "TypeError" not in run.output

@@ -1027,6 +1027,9 @@ class LocalCas:
                     raise StoreError(f"cannot read output directory {rel_d[:200] or '.'}: {err.strerror}") from None
                 for name, is_dir in listed:
                     rel = f"{rel_d}/{name}" if rel_d else name
+                    if not filestate.utf8_name(name):  # a tree path is text: such a name cannot be keyed or mounted
+                        raise StoreError(f"output {rel.encode('utf-8', 'surrogateescape')!r} has a name that is "
+                                         "not valid UTF-8", hint="have the action name its outputs in UTF-8")
                     if is_dir:
                         pending.append(rel)
                     else:
@@ -1037,7 +1040,11 @@ class LocalCas:
 
     def _entry(self, p: Path, move: bool):
         if p.is_symlink():
-            return SymlinkEntry(os.readlink(p))
+            target = os.readlink(p)
+            if not filestate.utf8_name(target):
+                raise StoreError(f"output link {p.name!r} points at a name that is not valid UTF-8",
+                                 hint="have the action name its outputs in UTF-8")
+            return SymlinkEntry(target)
         if not p.is_file():
             raise StoreError(f"{p.name}: not a regular file, directory or symlink")
         return self.put_file(p, move=move)
