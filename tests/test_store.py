@@ -186,6 +186,31 @@ def test_materialize(cas):
     assert leftovers(cas) == []
 
 
+def test_two_processes_on_one_cache_never_remake_each_others_trees(cas):
+    """Two stores on one cache (two builds, or two remote workers sharing a cache): the second
+    to need a blob's executable copy takes the first's, so the tree the first made holds the
+    same inode and is intact to the second. Before, the second replaced the copy, took the
+    first's tree as changed and removed it, while a sandbox of the first had it mounted (the
+    remote vLLM build's link step: 'bwrap: Can't find source path …/trees/…')."""
+    x = cas.put_bytes(b"#!/bin/sh\nexit 0\n", executable=True)
+    tree = Tree({"bin/x": x})
+    root = cas.materialize(tree)
+    inode = (root / "bin/x").stat().st_ino
+    other = LocalCas(cas.base.parent.parent, B3)  # another process: its own locks and stamps
+    assert other.materialize(Tree({"y": x})) is not None  # needs the executable copy too
+    assert other.materialize(tree) == root and (root / "bin/x").stat().st_ino == inode
+    # A tree found changed is moved aside, never removed under a sandbox that may use it.
+    os.chmod(root, 0o755)
+    (root / "stray").write_text("x")
+    held = os.open(root, os.O_RDONLY)
+    try:
+        again = LocalCas(cas.base.parent.parent, B3).materialize(tree)  # a third process
+        assert again == root and not (again / "stray").exists()
+        assert os.path.exists(f"/proc/self/fd/{held}/stray")  # the old directory's files are all still there
+    finally:
+        os.close(held)
+
+
 def _writable(path):
     """Root writes below a read-only tree (the tamperings below are what another process could do)."""
     for d in [path, *path.parents]:

@@ -21,6 +21,7 @@ and reported as missing, so the action that made it runs again.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -845,8 +846,16 @@ class LocalCas:
                     os.close(fd)
                 os.chmod(tmp, 0o555)
                 os.utime(tmp, (FIXED_MTIME, FIXED_MTIME))
-                os.replace(tmp, x)
-                self._stamp_written(str(x))  # a copy of a blob verified just before (materialize)
+                try:
+                    # Made only where missing: another process sharing the cache (a second build,
+                    # a second worker) may have made it first, and replacing it would give the
+                    # trees linked to its inode another one, which makes them look changed to it.
+                    os.link(tmp, x)
+                    self._stamp_written(str(x))  # a copy of a blob verified just before (materialize)
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(tmp)
         return x
 
     def materialize(self, tree: Tree) -> Path:
@@ -871,7 +880,9 @@ class LocalCas:
                 return dest
             # Changed in place (root can write below a read-only tree): made again, never used.
             log.warning("materialized tree %s was changed; made again", digest[:16])
-            rmtree(dest)
+            stale = True
+        else:
+            stale = False
         bad = self.verify_tree(tree)
         if bad:
             raise CorruptBlob(f"cannot materialize: {len(bad)} blob(s) missing or corrupted, e.g. {bad[0]}")
@@ -909,6 +920,12 @@ class LocalCas:
             for d, _dirs, _files in os.walk(staging, topdown=False):
                 os.chmod(d, 0o555)
                 os.utime(d, (FIXED_MTIME, FIXED_MTIME))
+            if stale:
+                # Moved aside, not removed: a sandbox of another process sharing the cache may
+                # have it mounted, and removing it would take its inputs away mid-action. Moved
+                # only once the new tree is ready, so the path is missing for the least time.
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(dest, Path(tempfile.mkdtemp(dir=self.tmp, prefix="stale-tree-")) / digest)
             try:
                 os.rename(staging, dest)
             except OSError:
