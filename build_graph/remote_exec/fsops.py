@@ -9,6 +9,8 @@ import os
 import stat
 from pathlib import Path
 
+from build_graph.store.cas import copy_sparse, rmtree
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -37,66 +39,9 @@ def open_dir(parent_fd: int, name: str) -> int:
 
 
 def remove_tree(path: Path | str) -> None:
-    """Remove `path` and everything below it without recursion and without opening anything but
-    directories: FIFOs, sockets and devices are unlinked, symlinks never followed. Holds two file
-    descriptors at a time whatever the depth; `..` is checked to be the directory it came from."""
-    path = os.fspath(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    top = os.open(os.path.dirname(os.path.abspath(path)) or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _remove_below(top, os.path.basename(os.path.abspath(path)))
-    finally:
-        os.close(top)
-
-
-def _empty(fd: int) -> list[str]:
-    """Unlink every non-directory in directory `fd`; the names of its subdirectories."""
-    subs = []
-    with os.scandir(fd) as it:
-        for e in it:
-            if e.is_dir(follow_symlinks=False):
-                subs.append(e.name)
-            else:
-                os.unlink(e.name, dir_fd=fd)
-    return subs
-
-
-def _remove_below(top: int, name: str) -> None:
-    top_st = os.fstat(top)
-    parents = [(top_st.st_dev, top_st.st_ino)]  # the (dev, inode) `..` must be, per level
-    names = [name]
-    fd = open_dir(top, name)
-    try:
-        pending = [_empty(fd)]  # per level: subdirectories still to remove (each directory read once)
-        while True:
-            if pending[-1]:
-                sub = pending[-1].pop()
-                here = os.fstat(fd)
-                child = open_dir(fd, sub)
-                os.close(fd)
-                fd = child
-                parents.append((here.st_dev, here.st_ino))
-                names.append(sub)
-                pending.append(_empty(fd))
-                continue
-            pending.pop()
-            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = up
-            st = os.fstat(up)
-            if (st.st_dev, st.st_ino) != parents.pop():
-                raise OSError(errno.ESTALE, f"a directory moved while it was removed, below {name}")
-            os.rmdir(names.pop(), dir_fd=up)
-            if not names:
-                return
-    finally:
-        os.close(fd)
+    """Remove `path` and everything below it: the store's remover (store/cas.rmtree), which
+    opens nothing but directories, never follows a link and does not recurse."""
+    rmtree(path)
 
 
 class Layout:
@@ -165,28 +110,3 @@ class Layout:
             os.symlink(target, name, dir_fd=pfd)
         except FileExistsError:
             raise Refused(errno.EEXIST, f"{rel} is there already") from None
-
-
-def copy_sparse(src: int, dst: int) -> int:
-    """Copy file `src` to the empty file `dst` (fds), only the data extents: a hole stays a hole
-    (an action's `truncate -s 1G` costs no disk). The size copied."""
-    size = os.fstat(src).st_size
-    offset = 0
-    while offset < size:
-        try:
-            data = os.lseek(src, offset, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno != errno.ENXIO:  # ENXIO: no data past offset, only a hole to the end
-                raise
-            break
-        hole = os.lseek(src, data, os.SEEK_HOLE)
-        pos = data
-        while pos < hole:
-            chunk = os.pread(src, min(8 << 20, hole - pos), pos)
-            if not chunk:
-                break
-            os.pwrite(dst, chunk, pos)
-            pos += len(chunk)
-        offset = hole
-    os.ftruncate(dst, size)
-    return size

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from build_graph.model import FileEntry
-from build_graph.remote_exec.fsops import copy_sparse, open_dir
-from build_graph.store.cas import LocalCas
+from build_graph.remote_exec.fsops import open_dir
+from build_graph.store.cas import LocalCas, copy_sparse
 from build_graph.store.remote import RemoteUnavailable
 
 MAX_DEPTH = 256  # an output directory nested deeper is refused (as input roots are)
