@@ -199,14 +199,15 @@ def test_two_processes_on_one_cache_never_remake_each_others_trees(cas):
     other = LocalCas(cas.base.parent.parent, B3)  # another process: its own locks and stamps
     assert other.materialize(Tree({"y": x})) is not None  # needs the executable copy too
     assert other.materialize(tree) == root and (root / "bin/x").stat().st_ino == inode
-    # A tree found changed is moved aside, never removed under a sandbox that may use it.
+    # A tree found changed is replaced by a rename once the new one is ready (the path is never
+    # missing for long), and the old one removed.
     os.chmod(root, 0o755)
     (root / "stray").write_text("x")
     held = os.open(root, os.O_RDONLY)
     try:
         again = LocalCas(cas.base.parent.parent, B3).materialize(tree)  # a third process
         assert again == root and not (again / "stray").exists()
-        assert os.path.exists(f"/proc/self/fd/{held}/stray")  # the old directory's files are all still there
+        assert os.fstat(held).st_ino != os.stat(again).st_ino and not os.path.exists(f"/proc/self/fd/{held}/stray")
     finally:
         os.close(held)
 

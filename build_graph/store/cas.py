@@ -920,18 +920,23 @@ class LocalCas:
             for d, _dirs, _files in os.walk(staging, topdown=False):
                 os.chmod(d, 0o555)
                 os.utime(d, (FIXED_MTIME, FIXED_MTIME))
+            aside = None
             if stale:
-                # Moved aside, not removed: a sandbox of another process sharing the cache may
-                # have it mounted, and removing it would take its inputs away mid-action. Moved
-                # only once the new tree is ready, so the path is missing for the least time.
+                # Moved aside only once the new tree is ready, so that the path is missing for the
+                # least time (another process's sandbox may be about to mount it), then removed
+                # (its links of the blobs go now, before any record stamps them).
+                aside = Path(tempfile.mkdtemp(dir=self.tmp, prefix="stale-tree-"))
                 with contextlib.suppress(FileNotFoundError):
-                    os.rename(dest, Path(tempfile.mkdtemp(dir=self.tmp, prefix="stale-tree-")) / digest)
+                    os.rename(dest, aside / digest)
             try:
                 os.rename(staging, dest)
             except OSError:
                 if not dest.exists():
                     raise
                 rmtree(staging)
+            finally:
+                if aside is not None:
+                    rmtree(aside)
         except BaseException:
             rmtree(staging)
             raise
