@@ -572,7 +572,7 @@ def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_l
     """An action's output directory serves the next action once emptied, unless the action
     changed the directory itself (its mode, an extended attribute): then a new one is made. No
     action sees anything an earlier one left in or on /bgraph/out."""
-    from build_graph.model import Action, Digester
+    from build_graph.model import Digester
     from build_graph.sandbox import BwrapRunner
     from build_graph.store.cas import LocalCas
 
@@ -582,10 +582,7 @@ def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_l
             "python3 -c \"import os; print(os.listxattr('/bgraph/out'))\" >> /tmp/l; mv /tmp/l /bgraph/out/l")
 
     def run(name: str, cmd: str) -> str:
-        action = Action(name=name, mnemonic="Genrule", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/sh", "-c", cmd),
-                        inputs=(), outputs=("l",), host_paths=("/usr",))
-        tree, _result = runner.run(action)
-        return cas.read_bytes(tree.entries["l"]).decode()
+        return _shell_output(runner, cas, name, cmd)
 
     try:
         fresh = run("first", look)
@@ -607,6 +604,16 @@ def test_an_output_directory_is_reused_only_when_nothing_of_the_last_action_is_l
     assert not any(p.name.startswith("act-") for p in cas.tmp.iterdir()) if cas.tmp.exists() else True
 
 
+def _shell_output(runner, cas, name: str, cmd: str) -> str:
+    """Run `cmd` under sh as action `name` (the host's /usr) and return the file `l` it writes."""
+    from build_graph.model import Action
+
+    action = Action(name=name, mnemonic="Genrule", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/sh", "-c", cmd),
+                    inputs=(), outputs=("l",), host_paths=("/usr",))
+    tree, _result = runner.run(action)
+    return cas.read_bytes(tree.entries["l"]).decode()
+
+
 @requires_bwrap
 def test_what_an_action_leaves_in_or_on_its_output_directory_reaches_no_later_action(tmp_path):
     """An action leaves a FIFO (emptying the directory opened it: bgraph hung), a unix socket
@@ -615,7 +622,7 @@ def test_what_an_action_leaves_in_or_on_its_output_directory_reaches_no_later_ac
     the directory is emptied and reused, and the next action sees the times every new one has."""
     import threading
 
-    from build_graph.model import Action, Digester
+    from build_graph.model import Digester
     from build_graph.sandbox import BwrapRunner
     from build_graph.store.cas import FIXED_MTIME, LocalCas
 
@@ -627,10 +634,7 @@ def test_what_an_action_leaves_in_or_on_its_output_directory_reaches_no_later_ac
     look = "stat -c '%X %Y' /bgraph/out > /tmp/l; ls -A /bgraph/out >> /tmp/l; mv /tmp/l /bgraph/out/l"
 
     def run(name: str, cmd: str) -> str:
-        action = Action(name=name, mnemonic="Genrule", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/sh", "-c", cmd),
-                        inputs=(), outputs=("l",), host_paths=("/usr",))
-        tree, _result = runner.run(action)
-        return cas.read_bytes(tree.entries["l"]).decode()
+        return _shell_output(runner, cas, name, cmd)
 
     try:
         fresh = run("first", look)
