@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from pathlib import Path
 
 from build_graph.store.cas import copy_sparse, rmtree
@@ -16,26 +15,6 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Refused(OSError):
     """A path the worker will not create: a component on the way is not a directory it may enter."""
-
-
-def open_dir(parent_fd: int, name: str) -> int:
-    """`name` in `parent_fd` opened as a directory, never through a symlink; made searchable and
-    writable first where the action left it without (0000, 0555)."""
-    try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
-    except PermissionError:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode):
-            raise
-        os.chmod(name, 0o700, dir_fd=parent_fd)  # a directory a moment ago: O_NOFOLLOW below checks again
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
-            os.fchmod(fd, 0o700)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
 
 
 def remove_tree(path: Path | str) -> None:

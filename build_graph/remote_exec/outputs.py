@@ -16,8 +16,7 @@ import tempfile
 from pathlib import Path
 
 from build_graph.model import FileEntry
-from build_graph.remote_exec.fsops import open_dir
-from build_graph.store.cas import LocalCas, copy_sparse
+from build_graph.store.cas import LocalCas, copy_sparse, enter_dir
 from build_graph.store.remote import RemoteUnavailable
 
 MAX_DEPTH = 256  # an output directory nested deeper is refused (as input roots are)
@@ -120,7 +119,7 @@ def _tree(pb, cas: LocalCas, top: Path, got: Collected):
     stack: list[list] = []  # [fd, Directory, [(name, stat)], next index, name in parent]
 
     def enter(parent_fd: int | None, name: str) -> None:
-        fd = open_dir(parent_fd, name) if parent_fd is not None else \
+        fd = enter_dir(name, parent_fd) if parent_fd is not None else \
             os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         stack.append([fd, pb.Directory(), [], 0, name])
         with os.scandir(fd) as it:

@@ -196,7 +196,7 @@ def rmtree(path: str | os.PathLike) -> None:
     if not stat.S_ISDIR(st.st_mode):
         _in_parent(os.unlink, path)
         return
-    fd = _enter(path, None)
+    fd = enter_dir(path)
     # The directories from `path` down to the one open (`fd`): its name in its parent, its
     # (device, inode), and the subdirectories of it left to remove.
     frames = [("", _identity(fd), _clear(fd))]
@@ -205,7 +205,7 @@ def rmtree(path: str | os.PathLike) -> None:
             _name, _ident, pending = frames[-1]
             if pending:
                 name = pending.pop()
-                sub = _enter(name, fd)
+                sub = enter_dir(name, fd)
                 os.close(fd)
                 fd = sub
                 frames.append((name, _identity(fd), _clear(fd)))
@@ -234,21 +234,27 @@ def _identity(fd: int) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _enter(name: str, dir_fd: int | None) -> int:
-    """A descriptor of directory `name` (never through a link), made u+rwx first where it is
-    not: its entries are to be listed and removed."""
+def enter_dir(name: str | os.PathLike, dir_fd: int | None = None) -> int:
+    """A descriptor of directory `name` (in `dir_fd`), opened never through a link and made
+    u+rwx first where it is not (an action may leave 0000 or 0555 directories): its entries are
+    to be listed, made or removed. Its other mode bits are kept."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
     except PermissionError:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(name, dir_fd=dir_fd)
         if not stat.S_ISDIR(st.st_mode):
             raise
-        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dir_fd)  # a directory, not a link
+        # A directory a moment ago: O_NOFOLLOW below checks again.
+        os.chmod(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dir_fd)
         fd = os.open(name, flags, dir_fd=dir_fd)
-    st = os.fstat(fd)
-    if st.st_mode & 0o700 != 0o700:
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o700 != 0o700:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
