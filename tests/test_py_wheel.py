@@ -158,3 +158,40 @@ def test_abi3_wheels_hold_only_limited_api_extensions(abi, names, error):
     else:
         with pytest.raises(PlanError, match=error):
             _check_abi(ctx, content)
+
+
+def _tree_ctx(tree_label="//s:sdist"):
+    fail = lambda message, key=None, hint=None: PlanError(message, where=key)  # noqa: E731
+    return SimpleNamespace(fail=fail, attrs=SimpleNamespace(tree=tree_label))
+
+
+def test_tree_dirs_place_a_directory_of_the_tree_where_the_package_expects_it():
+    """FlashInfer's package-dir mapping: csrc/ and 3rdparty/cutlass/include/ of the sdist ship as
+    flashinfer/data/csrc and flashinfer/data/cutlass/include (its JIT reads them there)."""
+    from build_graph.rules.py_wheel import relocated
+
+    f = lambda n: FileEntry(n * 64, 1)  # noqa: E731
+    sdist = Tree({"csrc/a.cu": f("a"), "csrc/sub/b.cuh": f("b"), "csrc/x.pyc": f("c"),
+                  "3rdparty/cutlass/include/c.h": f("d"), "3rdparty/cutlass/docs/d.md": f("e"),
+                  "flashinfer/__init__.py": f("f")})
+    got = relocated(_tree_ctx(), sdist, {"flashinfer/data/csrc": "csrc",
+                                         "flashinfer/data/cutlass/include/": "3rdparty/cutlass/include"},
+                    ["**/*.pyc"])
+    assert got.entries == {"flashinfer/data/csrc/a.cu": f("a"), "flashinfer/data/csrc/sub/b.cuh": f("b"),
+                           "flashinfer/data/cutlass/include/c.h": f("d")}
+
+
+@pytest.mark.parametrize("tree_dirs, error", [
+    ({"flashinfer/data/csrc": "nothing-here"}, r"tree_dirs\['flashinfer/data/csrc'\]: 'nothing-here' holds no files"),
+    ({"../out": "csrc"}, r"the wheel directory '../out' is not a relative path"),
+    ({"data": "/etc"}, r"the tree directory '/etc' is not a relative path"),
+    ({"": "csrc"}, r"the wheel directory is empty"),
+    ({"d": "csrc", "d/": "csrc"}, r"d/a.cu is placed twice"),
+])
+def test_tree_dirs_bad_input_names_the_key(tree_dirs, error):
+    from build_graph.rules.py_wheel import relocated
+
+    sdist = Tree({"csrc/a.cu": FileEntry("a" * 64, 1)})
+    with pytest.raises(PlanError, match=error) as e:
+        relocated(_tree_ctx(), sdist, tree_dirs, [])
+    assert e.value.where == "tree_dirs"

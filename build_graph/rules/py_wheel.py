@@ -25,7 +25,7 @@ from email.parser import HeaderParser
 
 from pydantic import Field, field_validator
 
-from build_graph.model import TargetOutput, Tree
+from build_graph.model import TargetOutput, Tree, check_relpath
 from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
 
 WHEEL_SCRIPT = r'''
@@ -91,6 +91,10 @@ class PyWheelAttrs(Attrs):
     dirs: dict[str, str] = Field(default_factory=dict,
                                  description="directory inside the wheel -> label whose whole output goes there "
                                              "(e.g. FlashInfer's AOT modules under flashinfer/data/aot)")
+    tree_dirs: dict[str, str] = Field(default_factory=dict,
+                                      description="with tree: directory inside the wheel -> directory of the tree "
+                                                  "whose files go there, less `exclude` (a setuptools package-dir "
+                                                  "mapping: FlashInfer's csrc/ as flashinfer/data/csrc)")
     pure: bool = Field(False, description="py3-none-any instead of a platform tag")
     python_tag: str = Field("py3", pattern=r"^(py|cp)\d+$", description="e.g. cp38 (with abi_tag abi3)")
     abi_tag: Literal["none", "abi3"] = Field("none", description="abi3: limited-API extensions (*.abi3.so)")
@@ -238,6 +242,33 @@ def _entry_points(ctx: RuleContext, tree: Tree, path: str):
     return entry
 
 
+def relocated(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]) -> Tree:
+    """The files below each source directory of `tree_dirs` (wheel directory -> tree directory),
+    placed below its wheel directory, less the paths `exclude` matches (as the tree names them)."""
+    out: dict = {}
+    for dest, src in tree_dirs.items():
+        clean = []
+        for what, path in (("wheel directory", dest), ("tree directory", src)):
+            try:
+                clean.append(check_relpath(path.rstrip("/")) if path.rstrip("/") else "")
+            except ValueError:
+                raise ctx.fail(f"tree_dirs[{dest!r}]: the {what} {path!r} is not a relative path inside it",
+                               "tree_dirs") from None
+        to, under = clean
+        if not to:
+            raise ctx.fail(f"tree_dirs[{dest!r}]: the wheel directory is empty", "tree_dirs")
+        below = tree.subtree(under) if under else tree
+        moved = {f"{to}/{p}": e for p, e in below.entries.items()
+                 if not any(fnmatch.fnmatchcase(f"{under}/{p}" if under else p, g) for g in exclude)}
+        if not moved:
+            raise ctx.fail(f"tree_dirs[{dest!r}]: {src!r} holds no files in {ctx.attrs.tree}", "tree_dirs")
+        clash = out.keys() & moved.keys()
+        if clash:
+            raise ctx.fail(f"tree_dirs[{dest!r}]: {min(clash)} is placed twice", "tree_dirs")
+        out.update(moved)
+    return Tree(out)
+
+
 def plan_py_wheel(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
     prefix = a.strip_prefix.strip("/")
@@ -254,14 +285,20 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         picked = Tree({p: e for p, e in tree.entries.items()
                        if any(fnmatch.fnmatchcase(p, g) for g in a.include)
                        and not any(fnmatch.fnmatchcase(p, g) for g in a.exclude)})
-        if not picked.entries:
+        if not picked.entries and (a.include or not a.tree_dirs):
             raise ctx.fail(f"include {a.include} selects nothing from {a.tree}", "include")
         content = content.merged(picked)
+        try:
+            content = content.merged(relocated(ctx, tree, a.tree_dirs, a.exclude))
+        except ValueError as e:
+            raise ctx.fail(f"tree_dirs: {e}", "tree_dirs") from None
         if a.metadata_from:
             requires += _metadata(ctx, tree, a.metadata_from, a.version)
         if a.entry_points_from:
             content = content.merged(Tree({f"{a.distribution}-{a.version}.dist-info/entry_points.txt":
                                            _entry_points(ctx, tree, a.entry_points_from)}))
+    elif a.tree_dirs:
+        raise ctx.fail("tree_dirs names directories of `tree`, and no tree is given", "tree_dirs")
     for dest, ref in a.files.items():
         if len(ref) != 2:
             raise ctx.fail(f"files[{dest!r}] must be [label, path]", "files")
