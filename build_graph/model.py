@@ -80,6 +80,8 @@ Entry = FileEntry | SymlinkEntry | DirEntry
 
 def check_relpath(path: str) -> str:
     """Normalise a tree path; refuse absolute paths and `..` components."""
+    if "\0" in path:  # no file system name holds one; a tar reader cuts the name there
+        raise ValueError(f"path {path!r} holds a NUL byte")
     norm = posixpath.normpath(path)
     if path.startswith("/") or norm == ".." or norm.startswith("../") or norm == ".":
         raise ValueError(f"path {path!r} escapes the tree root")

@@ -1,7 +1,7 @@
 """Deterministic tar files: OCI layers and the image archive.
 
 Standard library only: this module's text is also the script the `oci_image` rule's actions run
-(`python3 -I -S -c <this file> layer|image|layout SPEC`) under the pinned CPython of //toolchains:host,
+(`python3 -I -S -c <this file> layer|image|layout SPEC...`) under the pinned CPython of //toolchains:host,
 so its text is part of every layer's key. Headers are written by hand (512-byte POSIX ustar,
 with a PAX record only where ustar cannot hold a field), not by `tarfile`, whose bytes changed
 between CPython versions (OCI.md: 3.7/3.8 wrote devmajor/devminor digits into every header).
@@ -219,8 +219,9 @@ def write_layout(out_dir, members):
 
 
 def main(argv):
-    """`layer SPEC`, `image SPEC` or `layout SPEC` (SPEC: JSON; see the oci_image rule)."""
-    what, spec = argv[0], json.loads(argv[1])
+    """`layer SPEC`, `image SPEC` or `layout SPEC` (SPEC: JSON in one or more arguments, joined: one
+    argument holds at most 128 KiB; see the oci_image rule)."""
+    what, spec = argv[0], json.loads("".join(argv[1:]))
     if what == "layout":
         write_layout(spec["out"], spec["members"])
         with open(spec["meta"], "w") as meta:

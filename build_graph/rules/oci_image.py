@@ -17,7 +17,9 @@ blobs/sha256/...) that also carries Docker's manifest.json, named `localhost/bgr
 `image.json` beside it lists the digests. `bgraph load LABEL` puts it into a Docker daemon.
 
 What maintainer scripts would make is written by the rule into the bottom layer: /etc/passwd and
-/etc/group (root and nobody) unless the system has them, /tmp (1777) and /root (0700). No script runs.
+/etc/group (root and nobody) unless the system has them, /tmp and /var/tmp (1777) and /root (0700), whatever
+the system's tree holds there. No script runs. An upper layer that holds something below a directory
+a lower layer wrote with another mode (/tmp) writes that directory with the same mode, not 0755.
 Wheels are unpacked as pip would place them (purelib/platlib into site-packages, a console script
 per `console_scripts` entry point); their `.data/scripts`, headers and data are left out.
 """
@@ -37,7 +39,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from build_graph.debian import DEB_ARCH
-from build_graph.model import FileEntry, SymlinkEntry, TargetOutput, Tree, check_relpath
+from build_graph.model import DirEntry, FileEntry, SymlinkEntry, TargetOutput, Tree, check_relpath
 from build_graph.labels import parse_label
 from build_graph.oci import image, sbom
 from build_graph.rules.base import BASE_ENV, Attrs, PlanGen, RuleContext
@@ -47,14 +49,26 @@ EPOCH = int(BASE_ENV["SOURCE_DATE_EPOCH"])
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_REPO = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+# A repository as Docker's reference grammar takes it, without a tag: [domain[:port]/]path, where a
+# port needs a path after it ("localhost:5000" alone would read as name "localhost", tag "5000").
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]+)?"
+_REPO = re.compile(rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
+_REPO_MAX = 255  # Docker's limit on a repository name
 _USER = re.compile(r"^(root|nobody|\d+)(:(root|nogroup|\d+))?$")
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
-SYSTEM_DIRS = {"tmp": 0o1777, "root": 0o700}
+SYSTEM_DIRS = {"tmp": 0o1777, "var/tmp": 0o1777, "root": 0o700}
 # Writes the SBOM (made in the plan) from its argv chunks: one argument may hold at most 128 KiB.
 SBOM_SCRIPT = "import sys\nopen(sys.argv[1], 'w').write(''.join(sys.argv[2:]))\n"
 SBOM_CHUNK = 64 << 10
+# What the plan hands an action (a spec, the SBOM) goes on its command line, the only way bytes made
+# in the plan reach a sandbox (a file input would be written by an action from its argv all the
+# same): in 64 KiB arguments (ASCII JSON; Linux takes at most 128 KiB in one), and at most this much
+# in all (the kernel's whole argv and environment is 2 MiB with an 8 MiB stack). More is refused
+# at planning, naming the layer or keys, rather than failing as "Argument list too long".
+ARGV_BUDGET = 1 << 20
+CONFIG_WHAT = "the image config (labels, env, cmd) and summary"
 CA_DIR = "usr/share/ca-certificates"
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 # What ca-certificates' postinst (update-ca-certificates) writes, with the same bytes: every
@@ -74,6 +88,11 @@ with open(out, 'wb') as o:
 def tar_script() -> str:
     """The layer and archive writer the actions run: its text is part of their keys."""
     return (Path(__file__).resolve().parent.parent / "oci" / "tarball.py").read_text()
+
+
+def _script_name(name: str) -> bool:
+    """A console script's file name in usr/local/bin: one path component, not '.' or '..'."""
+    return bool(re.fullmatch(r"[\w.-]+", name)) and name not in (".", "..")
 
 
 def _relpath(v: str) -> str:
@@ -99,7 +118,7 @@ class Part(Attrs):
         if self.scripts and not self.wheel:
             raise ValueError("scripts are a wheel part's (a tree part places its own files)")
         for name, ref in self.scripts.items():
-            if _launcher(ref, "/") is None or not re.fullmatch(r"[\w.-]+", name):
+            if _launcher(ref, "/") is None or not _script_name(name):
                 raise ValueError(f"script {name} = {ref!r} is not a name and module:function")
         if self.at is not None:
             try:
@@ -168,8 +187,9 @@ class OciImageAttrs(Attrs):
     @field_validator("repository")
     @classmethod
     def _repository(cls, v: str | None) -> str | None:
-        if v is not None and not _REPO.match(v):
-            raise ValueError(f"repository {v!r} is not an image name (lowercase, e.g. localhost/bgraph/app)")
+        if v is not None and (not _REPO.match(v) or len(v) > _REPO_MAX):
+            raise ValueError(f"repository {v!r} is not an image name without a tag (lowercase, at most "
+                             f"{_REPO_MAX} characters; a port needs a path: localhost:5000/app)")
         return v
 
     @field_validator("user")
@@ -184,6 +204,19 @@ class OciImageAttrs(Attrs):
     def _workdir(cls, v: str) -> str:
         if v and not v.startswith("/"):
             raise ValueError("workdir must be absolute")
+        if "\0" in v:
+            raise ValueError(f"workdir {v!r} holds a NUL byte")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            # NAME=value is one string in the config: a key with '=' would be read back split elsewhere
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"env key {key!r}: a non-empty name without '=' or NUL")
+            if "\0" in value:
+                raise ValueError(f"env {key}: the value holds a NUL byte")
         return v
 
     @field_validator("modes")
@@ -251,7 +284,7 @@ def _console_scripts(ctx: RuleContext, tree: Tree, python: str) -> dict[str, str
             continue
         for name, value in parser.items("console_scripts"):
             text = _launcher(value, python)
-            if text is None or "/" in name:
+            if text is None or not _script_name(name):
                 raise ctx.fail(f"{path}: console script {name} = {value!r} is not module:function", "layers")
             out[name] = text
     return out
@@ -324,7 +357,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         raise ctx.fail(f"no OCI architecture for platform {ctx.platform}")
     name = ctx.label.name
     repository = a.repository or f"localhost/bgraph/{name}"
-    if not _REPO.match(repository):
+    if not _REPO.match(repository) or len(repository) > _REPO_MAX:
         raise ctx.fail(f"{name!r} is not an image name (lowercase letters, digits, '.', '_', '-')", "repository",
                        hint="give repository = \"localhost/bgraph/<lowercase name>\"")
     ref = f"{repository}:{a.tag}"
@@ -414,14 +447,21 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         if path not in bottom.tree.entries:
             bottom.files.setdefault(path, {"text": text, "mode": 0o644})
     for path, mode in SYSTEM_DIRS.items():
-        if path not in bottom.tree.entries or isinstance(bottom.tree.entries[path], SymlinkEntry):
-            bottom.dirs[path] = mode
+        # always: the tree keeps no directory modes (base-files' empty tmp/ is a DirEntry, written 0755)
+        bottom.dirs[path] = mode
     for layer in layers:  # what the rule writes replaces the tree's entry at that path
         written = set(layer.files) | set(layer.dirs)
         if written & set(layer.tree.entries):
             layer.tree = Tree.from_checked({p: e for p, e in layer.tree.entries.items() if p not in written})
 
     _check(ctx, layers)
+    _inherit_dir_modes(layers)
+    modes = {_relpath(p): (p, m) for p, m in sorted(a.modes.items())}
+    everywhere = set().union(*(layer.paths() for layer in layers))
+    unmatched = sorted(given for path, (given, _m) in modes.items() if path not in everywhere)
+    if unmatched:
+        raise ctx.fail(f"modes names {', '.join(repr(p) for p in unmatched)}, a path no layer holds", "modes",
+                       hint="give the path as it is in the image, without a leading / (e.g. usr/bin/app)")
 
     script = tar_script()
     actions = []
@@ -429,10 +469,11 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         paths = layer.paths()
         spec = {"root": "/bgraph/in/root", "out": "/bgraph/out/layer.tar", "meta": "/bgraph/out/layer.json",
                 "mtime": EPOCH, "files": layer.files, "dirs": layer.dirs,
-                "modes": {p: int(m, 8) for p, m in sorted(a.modes.items()) if _relpath(p) in paths}}
+                "modes": {p: int(m, 8) for p, (_given, m) in modes.items() if p in paths}}
         actions.append(ctx.exec_action(
             f"layer {layer.name}", "OciLayer",
-            ["/usr/bin/python3", "-I", "-S", "-c", script, "layer", json.dumps(spec, sort_keys=True)],
+            ["/usr/bin/python3", "-I", "-S", "-c", script, "layer",
+             *_spec_args(ctx, spec, f"layer {layer.name}'s inline files")],
             inputs={"/bgraph/in/root": layer.tree} if layer.tree.entries else {},
             outputs=["layer.tar", "layer.json"], host=tools, memory_mb=256))
     written = yield actions
@@ -444,9 +485,8 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         except (KeyError, ValueError) as e:
             raise ctx.fail(f"layer {layer.name}: the writer left no digest ({e})") from None
 
-    env = dict(a.env)
-    env.setdefault("PATH", DEFAULT_PATH)
-    env_list = [f"PATH={env.pop('PATH')}"] + [f"{k}={v}" for k, v in env.items()]
+    env = {"PATH": DEFAULT_PATH, **a.env}
+    env_list = [f"{k}={v}" for k, v in sorted(env.items())]  # sorted as labels are: TOML order is no input
     labels = {"org.opencontainers.image.title": name, **a.labels, "bgraph.target": str(ctx.label)}
     docs = image.documents(platform=ctx.platform, layers=described, ref=ref, created=EPOCH,
                            created_by=f"bgraph {ctx.label}", env=env_list, entrypoint=a.entrypoint, cmd=a.cmd,
@@ -468,7 +508,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         members.setdefault(image.blob_path(layer.digest), {"file": f"{mount}/layer.tar"})
     text = sbom.render(ref=ref, tag=a.tag, config=docs.config_digest, manifest=docs.manifest_digest, epoch=EPOCH,
                        items=items)
-    chunks = [text[i:i + SBOM_CHUNK] for i in range(0, len(text), SBOM_CHUNK)]
+    chunks = _chunks(text)
     sbom_action = ctx.exec_action("image sbom", "OciSbom",
                                   ["/usr/bin/python3", "-I", "-S", "-c", SBOM_SCRIPT, "/bgraph/out/sbom.cdx.json", *chunks],
                                   inputs={}, outputs=["sbom.cdx.json"], host=tools, memory_mb=64)
@@ -479,7 +519,7 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         spec = {"out": "/bgraph/out", "members": texts, "meta": "/bgraph/out/image.json", "meta_text": meta_text}
         [docs_out, bom] = yield [ctx.exec_action(
             f"image layout {ref}", "OciLayout",
-            ["/usr/bin/python3", "-I", "-S", "-c", script, "layout", json.dumps(spec, sort_keys=True)],
+            ["/usr/bin/python3", "-I", "-S", "-c", script, "layout", *_spec_args(ctx, spec, CONFIG_WHAT)],
             inputs={}, outputs=["image.json", *sorted(texts)], host=tools, memory_mb=128), sbom_action]
         blobs = Tree({image.blob_path(l.digest): out.tree.entries["layer.tar"] for l, out in zip(described, written)})
         return TargetOutput(docs_out.tree.merged(blobs, bom.tree), {**summary, "layout": True})
@@ -487,9 +527,25 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
             "meta_text": meta_text}
     [archive, bom] = yield [ctx.exec_action(
         f"image {ref}", "OciImage",
-        ["/usr/bin/python3", "-I", "-S", "-c", script, "image", json.dumps(spec, sort_keys=True)],
+        ["/usr/bin/python3", "-I", "-S", "-c", script, "image", *_spec_args(ctx, spec, CONFIG_WHAT)],
         inputs=inputs, outputs=["image.tar", "image.json"], host=tools, memory_mb=256), sbom_action]
     return TargetOutput(archive.tree.merged(bom.tree), {**summary, "image": "image.tar"})
+
+
+def _chunks(text: str) -> list[str]:
+    """`text` in arguments of at most SBOM_CHUNK characters (one, the same as before, when it fits)."""
+    return [text[i:i + SBOM_CHUNK] for i in range(0, len(text), SBOM_CHUNK)] or [""]
+
+
+def _spec_args(ctx: RuleContext, spec: dict, what: str) -> list[str]:
+    """The writer's JSON spec as argv chunks (tarball.main joins them); refused past ARGV_BUDGET."""
+    text = json.dumps(spec, sort_keys=True)  # ASCII: a character is a byte
+    if len(text) > ARGV_BUDGET:
+        raise ctx.fail(f"{what} take {len(text) >> 10} KiB, more than the {ARGV_BUDGET >> 10} KiB an action's "
+                       "command line may carry", "layers" if what.startswith("layer") else "labels",
+                       hint="put big files in a tree (a genrule's output) placed with `from`, and keep labels, "
+                            "env and inline files small")
+    return _chunks(text)
 
 
 def _label(ctx: RuleContext, text: str) -> str:
@@ -514,9 +570,67 @@ def _items(ctx: RuleContext, part: Part, layer: str) -> list[sbom.Item]:
     return [sbom.Item("tree", label, None, layer, label)]
 
 
+def _inherit_dir_modes(layers: list[_Layer]) -> None:
+    """A directory a lower layer wrote with its own mode (/tmp 1777, /root 0700) keeps it in every
+    layer above that holds it: the writer would add it as 0755, and the top layer's mode wins."""
+    modes: dict[str, int] = {}
+    for layer in layers:
+        if modes:
+            kept = set(layer.files) | {p for p, e in layer.tree.entries.items() if not isinstance(e, DirEntry)}
+            for path in layer.paths() & set(modes):
+                if path not in kept:
+                    layer.dirs.setdefault(path, modes[path])
+        modes.update(layer.dirs)
+
+
+def _kinds(layer: _Layer) -> tuple[dict[str, str], set[str]]:
+    """The layer's files and symlinks (path -> 'a file' | 'a symlink'), and its directories (those
+    above its entries included)."""
+    other = {p: ("a symlink" if isinstance(e, SymlinkEntry) else "a file")
+             for p, e in layer.tree.entries.items() if not isinstance(e, DirEntry)}
+    other.update((p, "a file") for p in layer.files)
+    dirs = set(layer.dirs) | {p for p, e in layer.tree.entries.items() if isinstance(e, DirEntry)}
+    for path in layer.paths():
+        up = path.rpartition("/")[0]
+        while up and up not in dirs:
+            dirs.add(up)
+            up = up.rpartition("/")[0]
+    return other, dirs
+
+
+def _check_kinds(ctx: RuleContext, layers: list[_Layer]) -> None:
+    """Refuse a path that is a file (or symlink) where an entry of the same layer or another one
+    needs a directory, or a directory over a lower layer's file: in one layer the tar would hold a
+    file `d` and entries `d/...` (a daemon refuses it); across layers the upper one would hide the
+    lower one's whole tree (or file) without a word."""
+    lower_dirs: dict[str, str] = {}
+    lower_files: dict[str, str] = {}
+    for layer in layers:
+        other, dirs = _kinds(layer)
+        for path in sorted(dirs & set(other)):
+            below = min((p for p in layer.paths() if p.startswith(path + "/")), default=path)
+            raise ctx.fail(f"layer {layer.name} holds {path} as {other[path]} and {below} below it", "layers",
+                           hint=f"move one of them: {path} cannot be both a file and a directory")
+        for path in sorted(set(other) & set(lower_dirs)):
+            raise ctx.fail(f"layer {layer.name} puts {other[path]} at {path}, a directory in layer "
+                           f"{lower_dirs[path]}: it would hide that directory's whole tree", "layers",
+                           hint=f"leave {path} out of one of the layers (an exclude glob), or place it elsewhere")
+        for path in sorted(dirs & set(lower_files)):
+            raise ctx.fail(f"layer {layer.name} needs {path} as a directory, {lower_files[path]}", "layers",
+                           hint=f"leave {path} out of one of the layers (an exclude glob), or place it elsewhere")
+        dirs -= set(other)  # (none: refused above)
+        for path in dirs:
+            lower_dirs.setdefault(path, layer.name)
+            lower_files.pop(path, None)
+        for path, kind in other.items():
+            lower_files[path] = f"{kind} in layer {layer.name}"
+            lower_dirs.pop(path, None)
+
+
 def _check(ctx: RuleContext, layers: list[_Layer]) -> None:
-    """Refuse, before any layer is written, a layer over 10 GiB and an entry that a lower layer's
-    (or its own) symlink would turn into a directory (`lib/x` over the system's `lib -> usr/lib`)."""
+    """Refuse, before any layer is written, a layer over 10 GiB, an entry that a lower layer's
+    (or its own) symlink would turn into a directory (`lib/x` over the system's `lib -> usr/lib`),
+    and a file where a directory is (_check_kinds)."""
     links: dict[str, str] = {}
     for layer in layers:
         for path in sorted(set(layer.tree.entries) | set(layer.files)):
@@ -540,3 +654,4 @@ def _check(ctx: RuleContext, layers: list[_Layer]) -> None:
                                    f"layer {links[up]}: the directory would replace the link", "layers",
                                    hint=f"place it at the link's target ({up} is a link)")
                 up = posixpath.dirname(up)
+    _check_kinds(ctx, layers)
