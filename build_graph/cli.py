@@ -739,7 +739,9 @@ def parser() -> argparse.ArgumentParser:
                                      "sending only the layers it lacks")
     ld.add_argument("label")
     ld.add_argument("--platform", choices=["x86_64", "aarch64"], help="the image for this platform (as build's)")
-    ld.add_argument("--timeout", type=float, default=600,
+    from build_graph.oci.load import timeout_arg  # a finite number of seconds above 0, or argparse's one-line error
+
+    ld.add_argument("--timeout", type=timeout_arg, default=600,
                     help="seconds the load may wait for the daemon's answer (default 600)")
     ld.add_argument("--full", action="store_true", help="send every layer, even those the daemon has")
     ld.add_argument("--json", action="store_true", help="print the load's figures as JSON")

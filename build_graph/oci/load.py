@@ -23,6 +23,8 @@ from typing import Any, Iterator
 from build_graph.errors import BgraphError
 from build_graph.oci.image import blob_path, chain_ids
 
+# What a layout directory holds beside the image that image.tar does not (the rule's summary and SBOM).
+OUTSIDE_THE_TAR = frozenset({"image.json", "sbom.cdx.json"})
 MIN_API = (1, 41)  # Docker 20.10: the oldest daemon this load was measured against (OCI.md)
 BLOCK = 512
 CHUNK = 1 << 20
@@ -69,6 +71,20 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def timeout_arg(text: str) -> float:
+    """`--timeout`'s type: seconds, a finite number above 0 (argparse turns the error into one line)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds above 0 (e.g. 600)")
+    return value
 
 
 def _host() -> str:
@@ -181,7 +197,7 @@ def _layout_members(root: Path) -> list[_Member]:
     for dirpath, _dirs, names in os.walk(root):
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), root)
-            if rel != "image.json":
+            if rel not in OUTSIDE_THE_TAR:
                 entries[os.fsencode(rel)] = os.path.join(dirpath, n)
     for name in list(entries):
         parent = name.rpartition(b"/")[0]
@@ -259,6 +275,34 @@ class _Refused(Exception):
     pass
 
 
+def _explain(e: BaseException) -> str:
+    """The daemon's own words for an API error, on one line."""
+    text = getattr(e, "explanation", None) or str(e)
+    return " ".join(str(text).split())[:300]
+
+
+def _present(client, ref: str, config: str, full: bool) -> str | None:
+    """"present" where `ref` is the image already, "tagged" where the image was there under
+    another name (now tagged `ref`), None where it must be sent."""
+    import docker
+
+    try:
+        there = client.api.inspect_image(ref).get("Id")
+    except docker.errors.NotFound:
+        there = None
+    if full:
+        return None
+    if there == config:
+        return "present"
+    try:
+        client.api.inspect_image(config)
+    except docker.errors.NotFound:
+        return None
+    repository, _, tag = ref.rpartition(":")
+    client.api.tag(config, repository, tag, force=True)
+    return "tagged"
+
+
 def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool = False,
          progress=lambda line: None) -> LoadReport:
     """Load the image whose output (image.tar or the layout directory, and image.json) is `image_dir`
@@ -272,21 +316,13 @@ def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool
     try:
         start = time.monotonic()
         try:
-            there = client.api.inspect_image(ref).get("Id")
-        except docker.errors.NotFound:
-            there = None
-        if there == config and not full:
+            found = _present(client, ref, config, full)
+        except docker.errors.APIError as e:  # NotFound is handled there: this is a refusal (a bad name, ...)
+            raise ImageLoadError(f"the daemon at {_host()} refused {ref}: {_explain(e)}",
+                                 hint="rebuild the image with a valid repository/tag, or check `docker info`") from None
+        if found:
             return LoadReport(ref, config, daemon, len(layers), 0, total, 0, round(time.monotonic() - start, 3),
-                              "present")
-        if not full:
-            try:
-                client.api.inspect_image(config)
-                repository, _, tag = ref.rpartition(":")
-                client.api.tag(config, repository, tag, force=True)
-                return LoadReport(ref, config, daemon, len(layers), 0, total, 0,
-                                  round(time.monotonic() - start, 3), "tagged")
-            except docker.errors.NotFound:
-                pass
+                              found)
         path = image_dir / "image.tar"
         if not path.exists() and (image_dir / "oci-layout").is_file():  # archive = false: the tar is made here
             path = image_dir
