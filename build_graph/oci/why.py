@@ -2,8 +2,10 @@
 and, for a file of a wheel, which package (version, wheel file, sha256, lock).
 
 Read from the built image's output (image.json, sbom.cdx.json and the layer tars, found through its
-bgraph-out link): the layers are searched top down, as a container sees them (the top one wins); a
-layer tar is uncompressed, so only its 512-byte headers are read. A file of a wheel is matched by
+bgraph-out link): the path is looked up as a container sees it, each directory on the way in the top
+layer that provides it, through directory symlinks (/bin -> usr/bin) and whiteouts; a path below an
+upper layer's file is hidden. The answer names the top layer holding the path and the lower ones it
+hides. A layer tar is uncompressed, so only its 512-byte headers are read. A file of a wheel is matched by
 the RECORD of the `.dist-info` in that layer that lists it; a file of the system layer names the
 Debian set (its packages keep no file lists in the image: no dpkg database is written).
 """
@@ -57,7 +59,8 @@ class PathOrigin:
 class _Layer:
     """One layer's tar, from the layout's blob or from inside image.tar (both seekable)."""
 
-    def __init__(self, image_dir: Path, digest: str):
+    def __init__(self, image_dir: Path, digest: str, name: str = ""):
+        self.name = name
         blob = image_dir / blob_path(digest)
         self.outer = None
         if blob.exists():
@@ -92,28 +95,88 @@ def _record_owner(layer: _Layer, path: str) -> tuple[str, str] | None:
     return None
 
 
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+MAX_LINKS = 40  # symlinks followed on one lookup (Linux's limit)
+
+
+class _View:
+    """The layers as a container sees them: the top one holding a path wins, a whiteout
+    (`.wh.<name>`, or `.wh..wh..opq` in a directory) hides what the layers below hold there."""
+
+    def __init__(self, opened: list[_Layer], ref: str):
+        self.opened, self.ref = opened, ref  # bottom first
+
+    def top(self, rel: str) -> tuple[int, tarfile.TarInfo] | None:
+        """(index, member) of the top layer that provides `rel` itself (no link followed)."""
+        parent, _, name = rel.rpartition("/")
+        ups = [rel.rsplit("/", k)[0] for k in range(1, rel.count("/") + 1)]
+        for i in range(len(self.opened) - 1, -1, -1):
+            members = self.opened[i].members
+            if rel in members:
+                return i, members[rel]
+            if (f"{parent}/" if parent else "") + WHITEOUT + name in members:
+                return None
+            if any(f"{up}/{OPAQUE}" in members for up in ups):
+                return None
+        return None
+
+    def resolve(self, rel: str) -> tuple[str, int, tarfile.TarInfo]:
+        """The path `rel` names once every directory symlink on the way is followed (the last
+        component is not), with the layer that provides it; ImageWhyError where none does."""
+        hops = 0
+        parts = [p for p in rel.split("/") if p]
+        done: list[str] = []
+        while parts:
+            part = parts.pop(0)
+            if part == "..":
+                done = done[:-1]
+                continue
+            here = "/".join(done + [part])
+            found = self.top(here)
+            if found is None:
+                raise ImageWhyError(f"/{here} is in no layer of {self.ref}",
+                                    hint="give the path as the container sees it, e.g. /usr/bin/python3.11")
+            i, member = found
+            if not parts:
+                return here, i, member
+            if member.issym():
+                hops += 1
+                if hops > MAX_LINKS:
+                    raise ImageWhyError(f"/{rel}: more than {MAX_LINKS} symlinks on the way (a loop?)")
+                target = member.linkname
+                parts = [p for p in target.split("/") if p and p != "."] + parts
+                if target.startswith("/"):
+                    done = []
+                continue
+            if not member.isdir():
+                raise ImageWhyError(f"/{rel} is hidden: layer {self.opened[i].name} holds /{here} as a file, "
+                                    "not a directory", hint=f"ask for /{here} itself")
+            done.append(part)
+        raise ImageWhyError("the image's root is no file of a layer", hint="give a path below /")
+
+
 def origin(image_dir: Path, path: str) -> PathOrigin:
-    """Where `path` (absolute, in the image) comes from."""
+    """Where `path` (absolute, in the image, through its directory symlinks) comes from."""
     meta = json.loads((image_dir / "image.json").read_text())
     try:
         bom = json.loads((image_dir / "sbom.cdx.json").read_text())
     except FileNotFoundError:
         bom = {"components": []}
-    rel = posixpath.normpath(path).lstrip("/")
     layers = meta["layers"]
-    found: PathOrigin | None = None
-    for i in range(len(layers) - 1, -1, -1):
-        layer = layers[i]
-        opened = _Layer(image_dir, layer["digest"])
-        try:
-            if rel in opened.members:
-                found = _found(found, opened, layer, i, layers, bom, rel)
-        finally:
-            opened.close()
-    if found is None:
-        raise ImageWhyError(f"/{rel} is in no layer of {meta['ref']}",
-                            hint="give the path as the container sees it, e.g. /usr/bin/python3.11")
-    return found
+    opened: list[_Layer] = []
+    try:
+        for layer in layers:
+            opened.append(_Layer(image_dir, layer["digest"], layer["name"]))
+        rel, top, _member = _View(opened, meta["ref"]).resolve(posixpath.normpath(path).lstrip("/"))
+        found = _found(None, opened[top], layers[top], top, layers, bom, rel)
+        for i in range(top - 1, -1, -1):  # lower layers holding the same path: hidden by this one
+            if rel in opened[i].members:
+                _found(found, opened[i], layers[i], i, layers, bom, rel)
+        return found
+    finally:
+        for o in opened:
+            o.close()
 
 
 def _found(found: PathOrigin | None, opened: _Layer, layer: dict, i: int, layers: list, bom: dict,
