@@ -241,15 +241,21 @@ class _Daemon:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _handler():
+def _handler(listing: int = 400):
+    """/version as Docker 20.10; an image looked up: 400 (a bad name), or 404 where the listing of
+    all images is answered `listing` (500: a daemon failing later in the load)."""
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path.endswith("/version"):
                 code, body = 200, {"Version": "20.10.24", "ApiVersion": "1.41", "MinAPIVersion": "1.12"}
-            else:
+            elif listing == 400:
                 code, body = 400, {"message": "invalid reference format"}
+            elif "/images/json" in self.path:
+                code, body = listing, {"message": "layer store is broken"}
+            else:
+                code, body = 404, {"message": "no such image"}
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -351,3 +357,29 @@ def test_inline_values_past_the_command_line_budget_are_refused_at_planning():
     assert text.splitlines()[0].endswith("key 'layers'): layer a's inline files take 1024 KiB, more than the "
                                          "1024 KiB an action's command line may carry"), text
     assert "hint: put big files in a tree" in text
+
+
+def test_a_system_whose_var_is_a_link_gets_no_var_tmp_below_it():
+    system = TargetOutput(Tree({"bin/sh": FileEntry("1" * 64, 10, True), "var": SymlinkEntry("private/var")}),
+                          {"architecture": "amd64", "sysroot": True})
+    [layer] = next(_plan({"system": ":sys"}, {"sys": system}))
+    assert json.loads("".join(layer.argv[6:]))["dirs"] == {"tmp": 0o1777, "root": 0o700}
+
+
+def test_a_daemon_error_later_in_the_load_is_one_error_line(monkeypatch, tmp_path):
+    pytest.importorskip("docker")
+    from build_graph.oci.load import ImageLoadError, load
+
+    with open(tmp_path / "image.tar", "wb") as f:
+        tarball.write_archive(f, EPOCH, {"oci-layout": {"text": "{}"}})
+    daemon = _Daemon(_handler(listing=500))
+    try:
+        monkeypatch.setenv("DOCKER_HOST", daemon.host)
+        with pytest.raises(ImageLoadError) as e:
+            load(tmp_path, {"ref": "localhost/bgraph/x:latest", "config": "sha256:" + "c" * 64,
+                            "layers": [{"digest": "sha256:" + "d" * 64, "size": 1}]}, timeout=10)
+        [line, hint] = e.value.render().splitlines()
+        assert line.endswith("answered an error while loading localhost/bgraph/x:latest: layer store is broken")
+        assert hint.startswith("  hint: check the daemon")
+    finally:
+        daemon.close()

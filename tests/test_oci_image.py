@@ -366,6 +366,9 @@ def test_why_names_the_layer_target_and_package_of_a_path_in_the_image(built):
     run = ws.cli("why", "--json", "//imgtest:py", "/usr/bin/python3.11")
     assert run.rc == 0, run.output
     assert (run.json["layer"], run.json["index"], run.json["targets"]) == ("system", 1, ["//images:base-python"])
+    # through the system's merged /usr (bin -> usr/bin), as the container sees it
+    run = ws.cli("why", "--json", "//imgtest:py", "/bin/python3.11")
+    assert run.rc == 0 and (run.json["path"], run.json["layer"]) == ("usr/bin/python3.11", "system"), run.output
     run = ws.cli("why", "//imgtest:py", "/etc/ssl/certs/ca-certificates.crt")
     assert run.rc == 0 and run.stdout.startswith("/etc/ssl/certs/ca-certificates.crt: layer system"), run.output
     # /etc/passwd is the rule's own file (no maintainer script ran to write it), not the system target's.
@@ -588,11 +591,14 @@ def test_a_layout_image_streams_the_archive_bytes_and_loads(built, dockerd):
     assert not (layout / "image.tar").exists() and (layout / "oci-layout").is_file()
     meta = json.loads((layout / "image.json").read_text())
     streamed = b"".join(_stream(layout, _layout_members(layout)))
-    members = {}
-    for p in sorted(layout.rglob("*")):
-        rel = p.relative_to(layout).as_posix()
-        if p.is_file() and rel != "image.json":
-            members[rel] = {"file": str(p)}
+    # what the archive action would write: the documents and blobs the image names, read from
+    # image.json and index.json (not the directory listing, which also holds sbom.cdx.json)
+    index = json.loads((layout / "index.json").read_text())
+    names = {"oci-layout", "index.json", "manifest.json", image.blob_path(meta["config"]),
+             *(image.blob_path(m["digest"]) for m in index["manifests"]),
+             *(image.blob_path(layer["digest"]) for layer in meta["layers"])}
+    members = {name: {"file": str(layout / name)} for name in sorted(names)}
+    assert (layout / "sbom.cdx.json").is_file()
     written = io.BytesIO()
     tarball.write_archive(written, EPOCH, members)
     assert streamed == written.getvalue()

@@ -371,5 +371,8 @@ def load(image_dir: Path, meta: dict[str, Any], timeout: float = 600, full: bool
         sent = sum(m.length for m in sent_members) + 2 * BLOCK
         return LoadReport(ref, config, daemon, len(layers), len(layers) - keep, total, sent, round(seconds, 3),
                           "loaded", note)
+    except docker.errors.APIError as e:  # listing the daemon's images, or reading the loaded one back
+        raise ImageLoadError(f"the daemon at {_host()} answered an error while loading {ref}: {_explain(e)}",
+                             hint="check the daemon (`docker info`, its log) and load again") from None
     finally:
         client.close()

@@ -447,8 +447,10 @@ def plan_oci_image(ctx: RuleContext) -> PlanGen:
         if path not in bottom.tree.entries:
             bottom.files.setdefault(path, {"text": text, "mode": 0o644})
     for path, mode in SYSTEM_DIRS.items():
-        # always: the tree keeps no directory modes (base-files' empty tmp/ is a DirEntry, written 0755)
-        bottom.dirs[path] = mode
+        # always: the tree keeps no directory modes (base-files' empty tmp/ is a DirEntry, written 0755);
+        # not below a link of the system's (var -> ...), which holds its own
+        if not any(isinstance(bottom.tree.entries.get(up), SymlinkEntry) for up in _parents(path)):
+            bottom.dirs[path] = mode
     for layer in layers:  # what the rule writes replaces the tree's entry at that path
         written = set(layer.files) | set(layer.dirs)
         if written & set(layer.tree.entries):
@@ -568,6 +570,12 @@ def _items(ctx: RuleContext, part: Part, layer: str) -> list[sbom.Item]:
                           extra=(("file", w["filename"]), ("lock", out.info["lock"])))
                 for n, w in sorted(wheels.items())]
     return [sbom.Item("tree", label, None, layer, label)]
+
+
+def _parents(path: str) -> list[str]:
+    """The directories above `path`, nearest last ("a/b/c" -> ["a", "a/b"])."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _inherit_dir_modes(layers: list[_Layer]) -> None:
