@@ -383,3 +383,10 @@ def test_a_daemon_error_later_in_the_load_is_one_error_line(monkeypatch, tmp_pat
         assert hint.startswith("  hint: check the daemon")
     finally:
         daemon.close()
+
+
+@pytest.mark.parametrize("extra", [{"python": "/usr/bin/python3\nimport os"}, {"python": "python3"},
+                                   {"entrypoint": ["/bin/sh\0"]}, {"cmd": ["a", "b\0c"]}])
+def test_a_launcher_interpreter_or_command_that_no_process_can_take_is_refused(extra):
+    with pytest.raises(ValueError, match="python|NUL"):
+        RULES["oci_image"].attrs.model_validate({"layers": [{"name": "a", "files": {"x": "y"}}], **extra})

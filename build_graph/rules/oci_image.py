@@ -208,6 +208,21 @@ class OciImageAttrs(Attrs):
             raise ValueError(f"workdir {v!r} holds a NUL byte")
         return v
 
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        # the launchers' #! line: a space, newline or NUL would change what runs
+        if not re.fullmatch(r"/[^\s\0]+", v):
+            raise ValueError(f"python {v!r}: an absolute path without spaces (the launchers' #! line)")
+        return v
+
+    @field_validator("entrypoint", "cmd")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        if any("\0" in a for a in v):
+            raise ValueError("an argument holds a NUL byte (no process can be given one)")
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
