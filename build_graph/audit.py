@@ -47,7 +47,7 @@ from build_graph.errors import UsageError
 from build_graph.graph import dependency_map, deps_in_order
 from build_graph.labels import Label
 from build_graph.model import FileEntry, Tree
-from build_graph.planner import expand_sources
+from build_graph.planner import SourceFiles, expand_sources
 from build_graph.variants import Variant
 from build_graph.workspace import Target, Workspace
 
@@ -115,11 +115,11 @@ class Subject:
                        {u.id: self.blobs[u.id] for u in hunks})
 
 
-def subjects(ws: Workspace, label: Label, put_bytes: Callable[[bytes], FileEntry],
+def subjects(ws: Workspace, label: Label, put_bytes: Callable[[bytes], FileEntry], files: SourceFiles,
              only: list[str] | None = None) -> list[Subject]:
     """Every patched_tree in `label`'s closure with its hunks (each hunk's patch file stored
-    with `put_bytes`) and added trees; `only` (fnmatch patterns) keeps the units whose id or
-    patch file matches one of them."""
+    with `put_bytes`; `files`: the workspace's SourceFiles, which know the cache) and added
+    trees; `only` (fnmatch patterns) keeps the units whose id or patch file matches one of them."""
     out = []
     for lab in deps_in_order(dependency_map(ws), [label]):
         target = ws.targets[lab]
@@ -127,7 +127,7 @@ def subjects(ws: Workspace, label: Label, put_bytes: Callable[[bytes], FileEntry
             continue
         units: list[Unit] = []
         blobs: dict[str, FileEntry] = {}
-        for patch in expand_sources(ws, target).get("patches", []):
+        for patch in expand_sources(ws, target, files).get("patches", []):
             text = patchlib.decode((ws.root / patch).read_bytes())
             for h in patchlib.split(patch, text, target.attrs.strip):
                 units.append(Unit(h.id, lab, h.file, h.header, h.added, h.removed, patch, h.index))
@@ -464,7 +464,8 @@ class Audit:
         ws.target(label)
         base_engine = Engine(ws, self.cache_dir, BuildOptions(jobs=self.options.jobs,
                                                               max_mem_mb=self.options.max_mem_mb), self.reporter())
-        found = subjects(ws, label, base_engine.cas.put_bytes, self.options.only)
+        found = subjects(ws, label, base_engine.cas.put_bytes, SourceFiles(ws.root, self.cache_dir),
+                         self.options.only)
         if not found:
             raise UsageError(f"no patch hunk in {label}'s closure" + (f" matches {self.options.only}"
                                                                       if self.options.only else ""),

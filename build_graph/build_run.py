@@ -98,7 +98,7 @@ class BuildRun:
         self.order = self.graph.order
         # A missing source is a load error: report it before running anything (kept for planning).
         # A target the memo knows had these same files then (no file was added or removed).
-        files = SourceFiles(engine.ws.root, engine.cache_dir)
+        files = self.files = SourceFiles(engine.ws.root, engine.cache_dir)
         # After a target file changed, the targets whose definitions differ from the memo's.
         self.redefined = {label for label in self.order if self.reuse is not None and self.reuse.definitions
                           and str(label) in self.reuse.entries
@@ -254,7 +254,8 @@ class BuildRun:
             target = e.ws.targets[label.label]
             planned = time.monotonic()
             try:
-                expanded = self.expanded.pop(label) if label in self.expanded else e.variant.expand(e.ws, target)
+                expanded = (self.expanded.pop(label) if label in self.expanded
+                            else e.variant.expand(e.ws, target, self.files))
                 sources = e.variant.store(e.cas, e.ws.root, expanded, hash_only=e.options.dry_run)
                 plan = plan_target(e.ws, target, label.config, e.digester, self.graph.inputs(label, self.outputs),
                                    sources, expanded, e.cas.read_bytes, e.probe_host)

@@ -22,14 +22,14 @@ from build_graph.rules.registry import RULES
 from build_graph.workspace import Target, Workspace
 
 
-def expand_sources(ws: Workspace, target: Target, virtual: Container[str] = (),
-                   files: "SourceFiles | None" = None) -> dict[str, list[str]]:
+def expand_sources(ws: Workspace, target: Target, files: "SourceFiles",
+                   virtual: Container[str] = ()) -> dict[str, list[str]]:
     """Each source attribute's workspace paths, globs expanded and sorted; missing files are errors.
-    `virtual`: paths that exist only in the CAS (a build variant's files, variants.py), named literally.
-    `files`: the build's SourceFiles, shared by the targets it expands."""
+    `files`: the build's SourceFiles, shared by the targets it expands; it knows the cache, which
+    no glob may reach (required: a caller that forgot it let a memo-path glob into the cache).
+    `virtual`: paths that exist only in the CAS (a build variant's files, variants.py), named literally."""
     out: dict[str, list[str]] = {}
     seen: dict[str, set[str]] = {}  # out's paths per key (a list's `in` made a big glob quadratic)
-    files = files or SourceFiles(ws.root)
     is_file, cache = files.is_file, files.cache_prefix
     for key, pattern in RULES[target.kind].sources(target.attrs):
         if pattern.startswith("/") or ".." in pattern.split("/"):
@@ -83,7 +83,7 @@ class SourceFiles:
 
     LIST_AFTER = 32
 
-    def __init__(self, root: Path, cache: Path | None = None) -> None:
+    def __init__(self, root: Path, cache: Path | None) -> None:
         self.root = os.fspath(root)
         # The build's cache, where it lies inside the workspace: the no-op scan skips it, so a
         # glob must never match there (its files change with every build).

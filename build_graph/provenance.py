@@ -41,7 +41,7 @@ from build_graph.audit import action_subject, target_arch, target_archs
 from build_graph.depfile import absolute, parse_depfile
 from build_graph.labels import Label, parse_label
 from build_graph.model import Digester, FileEntry
-from build_graph.planner import expand_sources
+from build_graph.planner import SourceFiles, expand_sources
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.trace import Trace
@@ -166,6 +166,8 @@ class Finder:
         self.ac = LocalActionCache(base, base.parent / "tmp", create=False)
         self._cas = None
         self.base = base
+        # base is <cache>/v1/<digest function>: globs never reach the cache, as in a build.
+        self.files = SourceFiles(ws.root, base.parent.parent)
         self._nodes: dict[str, Any] = {}  # directory node digest -> parsed node (None: not stored)
         self._held: dict[tuple[str, str], Any] = {}  # (mounted tree, path) -> FileEntry | None | _UNKNOWN
         self._inodes: dict[str, set[int]] = {}
@@ -209,7 +211,7 @@ class Finder:
             target = self.ws.targets[lab]
             if lab not in expanded_by:
                 try:
-                    expanded_by[lab] = expand_sources(self.ws, target)
+                    expanded_by[lab] = expand_sources(self.ws, target, self.files)
                 except Exception:
                     expanded_by[lab] = None
             expanded = expanded_by[lab]

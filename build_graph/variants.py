@@ -40,9 +40,9 @@ class Variant:
             return Trace(base, tmp)
         return Trace(base / "variants" / hashlib.sha256(self.name.encode()).hexdigest()[:24], tmp)
 
-    def expand(self, ws: Workspace, target: Target, files: SourceFiles | None = None) -> dict[str, list[str]]:
+    def expand(self, ws: Workspace, target: Target, files: SourceFiles) -> dict[str, list[str]]:
         """A target's source paths (expand_sources), virtual files included."""
-        return expand_sources(ws, target, self.files, files)
+        return expand_sources(ws, target, files, self.files)
 
     def store(self, cas, root: Path, expanded: dict[str, list[str]], hash_only: bool = False) -> Tree:
         """The target's sources as a tree: files from disk stored (cas.store_sources; only hashed

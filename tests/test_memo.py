@@ -284,3 +284,25 @@ def test_a_dependency_configured_for_another_platform_is_another_node(make_ws):
     build(ws, "//p:X", "//p:W")
     listed = ws.read_output("//p:X", "x.txt")
     assert "aarch64" in listed and "x86_64" not in listed, listed
+
+
+def test_a_target_planned_again_on_the_memo_path_never_globs_the_cache(make_ws, tmp_path):
+    """With the cache inside the workspace, a glob never reaches it, on the full path and on
+    the memo path alike (a target the memo does not take is expanded again: that expansion
+    once forgot the cache, and `**/*.log` read the cache's build logs)."""
+    ws = make_ws({"src/one.log": "x\n", "src/a.txt": "a\n",
+                  "targets/p.toml": '[list]\nkind = "genrule"\nsrcs = ["**/*.log"]\nouts = ["files.lst"]\n'
+                                    'cmd = "cd $SRC && find . -type f | sort > $OUT/files.lst"\n\n'
+                                    '[g]\nkind = "genrule"\nsrcs = ["src/a.txt"]\nouts = ["o.txt"]\n'
+                                    'cmd = "cp $SRC/src/a.txt $OUT/o.txt"\n'},
+                 name="wsc", cache=tmp_path / "wsc" / "cache")
+    age(ws.root)
+    build(ws, "//p:list", "//p:g")
+    assert ws.read_output("//p:list", "files.lst") == "./src/one.log\n"
+    ws.write({"src/one.log": "y\n"})
+    past = time.time() - 20
+    os.utime(ws.root / "src/one.log", (past, past))
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    run = build(ws, "//p:list", "//p:g")
+    assert reused(run) >= 1, run.stderr  # the memo path: :g and the toolchain taken as they were
+    assert ws.read_output("//p:list", "files.lst") == "./src/one.log\n"

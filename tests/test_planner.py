@@ -124,13 +124,13 @@ def test_a_listed_directory_answers_as_stat_does(tmp_path):
     (tmp_path / "top.txt").write_text("x")
     paths = [f"d/f{i}.txt" for i in range(40)] + ["d/sub", "d/link", "d/dirlink", "d/dangling", "d/missing",
                                                   "d/", "d//f1.txt", "d/./f1.txt", "d/f1.txt/", "top.txt", "nope"]
-    files = SourceFiles(tmp_path)
+    files = SourceFiles(tmp_path, None)
     for _ in range(2):  # the second round is answered from the listings
         for path in paths:
             assert files.is_file(path) == _is_file(str(tmp_path), path), path
     assert "d" in files._listed and "" not in files._listed  # the root was asked about twice only
     (tmp_path / "d" / "f1.txt").unlink()  # listed once per build: a build sees its start
-    assert files.is_file("d/f1.txt") and not SourceFiles(tmp_path).is_file("d/f1.txt")
+    assert files.is_file("d/f1.txt") and not SourceFiles(tmp_path, None).is_file("d/f1.txt")
 
 
 def test_a_glob_skips_the_cache_bgraph_out_and_pycache(make_ws):
@@ -147,4 +147,5 @@ def test_a_glob_skips_the_cache_bgraph_out_and_pycache(make_ws):
     target = loaded.targets[Label("p", "g")]
     got = expand_sources(loaded, target, files=SourceFiles(loaded.root, loaded.root / "cache"))
     assert got == {"srcs": ["a/x.txt", "a/__pycache__/y.txt"]}
-    assert "cache/v1/state.txt" in expand_sources(loaded, target)["srcs"]  # no cache named: only the fixed names
+    # No cache named (a cache outside the workspace): only the fixed names are skipped.
+    assert "cache/v1/state.txt" in expand_sources(loaded, target, SourceFiles(loaded.root, None))["srcs"]
