@@ -158,6 +158,29 @@ def test_an_edit_while_the_build_runs_leaves_no_record(tmp_path):
     assert noop.replay(asked) == ("answer\n", 0)
 
 
+def test_bgraph_code_or_config_edited_while_the_command_runs_leaves_no_record(tmp_path, monkeypatch):
+    """The code a command runs is the code it found at its start (a rule's module is imported when
+    first asked for): a record stamping the code as it is at the end answered "up to date" with the
+    old code's output after an edit made while the build ran (red team K11)."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "WORKSPACE.toml").write_text("")
+    code = tmp_path / "rule.py"
+    code.write_text("V = 1\n")
+    monkeypatch.setattr(uptodate, "code_files", lambda: (str(code),))
+    age(tmp_path)
+    asked = noop.Request(tmp_path / "ws", "d" * 32, tmp_path / "cache" / "v1" / "blake3" / STATE_FILE)
+    recording = uptodate.Recording(asked)
+    code.write_text("V = 2\n")  # while it runs (the workspace itself unchanged)
+    past = time.time() - 10
+    os.utime(code, (past, past))
+    time.sleep(filestate.RACY_NS / 1e9 + 0.05)
+    recording.remember("answer\n", 0, tmp_path / "cache")
+    assert uptodate.load(StateFile(asked.state), asked.digest) is None
+    recording = uptodate.Recording(asked)  # the next command, which finds the new code
+    recording.remember("answer\n", 0, tmp_path / "cache")
+    assert noop.replay(asked) == ("answer\n", 0)
+
+
 def test_a_link_to_a_directory_is_never_recorded(make_ws, tmp_path):
     ws = make_ws(FILES)
     (tmp_path / "elsewhere").mkdir()

@@ -242,6 +242,10 @@ class Recording:
         """`request`: a noop.Request; `previous`: its noop.Previous, whose scan (just made, with the
         same directories left out) serves as this one."""
         self.request, self.root, self.skip = request, request.root, skip
+        # bgraph's code and the user's config as this command found them: what it runs and reads
+        # from now on (a rule's module is imported when first asked for). A record stamps them
+        # as they were here, and none is written where they moved by the end.
+        self.code = _code_stamps()
         if previous is not None and previous.scanned and sorted(previous.record.skip) == sorted(skip):
             self.started_ns, self.before = previous.started_ns, previous.scanned
             return
@@ -283,9 +287,15 @@ class Recording:
             return None
         if after != before:
             return None  # edited while it ran: the next run checks everything
-        from build_graph.roots import user_config_path
-
-        extra_paths = [*code_files(), str(user_config_path()), *extra_paths]
+        if _code_stamps() != self.code:
+            return None  # bgraph's code or the config changed while it ran: its output may be the old code's
         return Record(root=str(self.root), skip=skip, files=after, racy=racy(after, self.started_ns),
-                      extra={p: stamp_of(p) for p in extra_paths}, links=links, outputs=output_stamps(links),
-                      summary=summary)
+                      extra={**self.code, **{p: stamp_of(p) for p in extra_paths}}, links=links,
+                      outputs=output_stamps(links), summary=summary)
+
+
+def _code_stamps() -> dict[str, Stamp | None]:
+    """The stamps of bgraph's own code and of the user's config file."""
+    from build_graph.roots import user_config_path
+
+    return {p: stamp_of(p) for p in (*code_files(), str(user_config_path()))}
