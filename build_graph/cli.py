@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -643,6 +644,17 @@ def _check_executor(url: str | None) -> None:
                          "grpcs:// address", hint="give grpc://HOST:PORT[/instance] (a REAPI Execution service)")
 
 
+def timeout_arg(text: str) -> float:
+    """`load --timeout`'s type: seconds, a finite number above 0 (argparse turns the error into one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds above 0 (e.g. 600)")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bgraph", description="A reproducible build graph for GPU inference stacks.")
     p.add_argument("-C", "--workspace", help="workspace root (default: nearest WORKSPACE.toml)")
@@ -739,8 +751,6 @@ def parser() -> argparse.ArgumentParser:
                                      "sending only the layers it lacks")
     ld.add_argument("label")
     ld.add_argument("--platform", choices=["x86_64", "aarch64"], help="the image for this platform (as build's)")
-    from build_graph.oci.load import timeout_arg  # a finite number of seconds above 0, or argparse's one-line error
-
     ld.add_argument("--timeout", type=timeout_arg, default=600,
                     help="seconds the load may wait for the daemon's answer (default 600)")
     ld.add_argument("--full", action="store_true", help="send every layer, even those the daemon has")

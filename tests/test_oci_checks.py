@@ -191,7 +191,7 @@ def test_a_modes_key_matching_no_path_is_refused_naming_it():
 # -- load --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "-inf", "x", ""])
 def test_load_timeout_is_a_finite_number_above_zero(text):
-    from build_graph.oci.load import timeout_arg
+    from build_graph.cli import timeout_arg
 
     with pytest.raises(argparse.ArgumentTypeError):
         timeout_arg(text)

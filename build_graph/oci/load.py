@@ -73,20 +73,6 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def timeout_arg(text: str) -> float:
-    """`--timeout`'s type: seconds, a finite number above 0 (argparse turns the error into one line)."""
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds above 0 (e.g. 600)")
-    return value
-
-
 def _host() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
