@@ -79,6 +79,8 @@ def cmd_build(args, console: Console) -> int:
     overrides.update({k: v for k, v in (("executor", args.remote_executor), ("jobs", args.remote_jobs)) if v})
     if args.remote_local_fallback:
         overrides["local_fallback"] = True
+    if args.remote_accept_cached:
+        overrides["accept_cached"] = True
     remote = remote_settings(ws, overrides)
     _check_executor(remote.executor)
     if exec_platform != host_platform() and not args.dry_run and not remote.executor:
@@ -637,11 +639,13 @@ def _check_remote_execution(args) -> None:
 
 
 def _check_executor(url: str | None) -> None:
-    """The remote executor's address, from the flag or a config file: grpc:// or grpcs:// only."""
-    from build_graph.errors import UsageError
-    if url and not url.startswith(("grpc://", "grpcs://")):
-        raise UsageError(f"remote executor {url!r} (--remote-executor or [remote] executor) is not a grpc:// or "
-                         "grpcs:// address", hint="give grpc://HOST:PORT[/instance] (a REAPI Execution service)")
+    """The remote executor's address, from the flag or a config file: grpc:// or grpcs:// with a
+    host and a port from 1 to 65535 (remote_exec/address.py)."""
+    from build_graph.remote_exec.address import check_grpc_url, quiet_grpc
+    quiet_grpc()  # before grpc is first imported: bgraph's one-line errors, not C-core log lines
+    if url:
+        check_grpc_url(url, "remote executor", "give --remote-executor (or [remote] executor) "
+                                               "grpc://HOST:PORT[/instance] (a REAPI Execution service)")
 
 
 def timeout_arg(text: str) -> float:
@@ -693,6 +697,9 @@ def parser() -> argparse.ArgumentParser:
                    help="remote actions in flight at once (default 16), beside --jobs local ones")
     b.add_argument("--remote-local-fallback", action="store_true",
                    help="run an action locally when the remote executor fails it for a reason of its own")
+    b.add_argument("--remote-accept-cached", action="store_true",
+                   help="take results the remote executor answers from its own action cache: only for a server "
+                        "whose action cache no untrusted client can write")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
     b.add_argument("--profile", metavar="FILE",
                    help="write the build's timeline to FILE (Chrome trace format: open it in Perfetto or chrome://tracing)")

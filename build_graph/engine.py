@@ -179,7 +179,8 @@ class Engine:
                         self.cas, remote.executor, lambda: BwrapRunner(self.cas, self.options.jobs),
                         jobs=self.options.remote_jobs, local_jobs=self.options.jobs,
                         local_fallback=remote.local_fallback, queue_timeout_s=remote.queue_timeout_s,
-                        skip_cache_lookup=self.options.check, warn=self._warn_naming_target)
+                        skip_cache_lookup=self.options.check, accept_cached=remote.accept_cached,
+                        warn=self._warn_naming_target)
             return self._sandbox
 
     def _warn_naming_target(self, message: str) -> None:

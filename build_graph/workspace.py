@@ -74,6 +74,9 @@ class RemoteSection(Strict):
                                                      "default 16), apart from --jobs' local ones")
     local_fallback: bool = Field(False, description="run an action locally when the remote executor fails it "
                                                     "for a reason of its own (or --remote-local-fallback)")
+    accept_cached: bool = Field(False, description="take results the remote executor answers from its own action "
+                                                   "cache (or --remote-accept-cached): only for a server whose "
+                                                   "action cache no untrusted client can write")
     queue_timeout_s: float = Field(120.0, gt=0, description="fail an action queued this long while no action of "
                                                            "its platform started (no worker matches it)")
 

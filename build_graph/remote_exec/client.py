@@ -20,7 +20,12 @@ REMOTE-EXEC.md's client rules:
 - any other non-OK status: the action did not finish; nothing of it is filed; with
   local_fallback it runs locally (one warning line). A non-zero exit is an ordinary failure of
   the action, as it is locally: never a reason to fall back.
-Outputs are fetched into the local CAS when the action completes (eagerly: every output).
+Outputs are fetched into the local CAS when the action completes (eagerly: every output), once
+the whole result's shape is checked (results.py: only declared outputs, each once, plain names,
+bounded Trees); files and logs are streamed (fetch.py). A result of the wrong shape is a
+RemoteFailure: nothing of it is filed. Each Execute asks the server not to answer from its action
+cache (skip_cache_lookup), which any of its clients may write, unless the user accepts such
+results (--remote-accept-cached).
 
 Each Execute carries the action's place in bgraph's own queue (priority.py, through the
 scheduler's job thread) as ExecutionPolicy.priority (queue_priority.py: lower = sooner), so that
@@ -30,20 +35,41 @@ path first. It is in the ExecuteRequest only: the Action, and so every key, neve
 
 from __future__ import annotations
 
+import posixpath
 import random
 import threading
 import time
 from typing import Callable
 
 from build_graph.errors import ActionFailed, LoadError
-from build_graph.model import Action, ActionResult, DirEntry, FileEntry, SymlinkEntry, Tree
-from build_graph.remote_exec.input_root import (DigestMap, Encoded, Encoder, NotRemotable, local_blob_path,
-                                                out_relative, output_paths, working_directory)
+from build_graph.model import Action, ActionResult, Tree
+from build_graph.remote_exec.address import check_grpc_url, quiet_grpc
+from build_graph.remote_exec.fetch import Fetcher, FetchError
+from build_graph.remote_exec.input_root import (
+    DigestMap,
+    Encoded,
+    Encoder,
+    NotRemotable,
+    local_blob_path,
+    out_relative,
+    output_paths,
+    working_directory,
+)
 from build_graph.remote_exec.queue_priority import reapi_priority, sent
-from build_graph.remote_exec.worker import ISA, SANDBOX_VERSION  # bgraph platform -> REAPI ISA property
+from build_graph.remote_exec.results import (
+    MAX_TREE_BYTES,
+    BadResult,
+    RemoteFile,
+    ResultChecker,
+    check_digest,
+)
+from build_graph.remote_exec.worker import (  # bgraph platform -> REAPI ISA property
+    ISA,
+    SANDBOX_VERSION,
+)
 from build_graph.scheduler import running_priority
 from build_graph.store.reapi_remote import DIGEST_FUNCTIONS, ReapiRemote
-from build_graph.store.remote import BodyTooLarge, CircuitBreaker, RemoteUnavailable
+from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
 
 _EXEC = "/build.bazel.remote.execution.v2.Execution/"
 _OPS = "/google.longrunning.Operations/"
@@ -86,7 +112,9 @@ class RemoteRunner:
 
     def __init__(self, cas, url: str, local: Callable[[], object], *, jobs: int = 16, local_jobs: int = 2,
                  local_fallback: bool = False, queue_timeout_s: float = 120.0, timeout_s: float = 60.0,
-                 skip_cache_lookup: bool = False, warn: Callable[[str], None] | None = None):
+                 skip_cache_lookup: bool = False, accept_cached: bool = False,
+                 warn: Callable[[str], None] | None = None):
+        quiet_grpc()  # before grpc's first import: its C-core log lines never reach the user
         import grpc
         from google.longrunning import operations_pb2
         from google.rpc import error_details_pb2
@@ -97,7 +125,11 @@ class RemoteRunner:
         self.cas, self.url = cas, url
         self.local_factory, self._local = local, None
         self.local_fallback, self.queue_timeout_s = local_fallback, queue_timeout_s
-        self.skip_cache_lookup = skip_cache_lookup
+        # The executor's action cache is writable by any of its clients (BuildGrid 0.9.1 cannot
+        # refuse them while its scheduler writes): a result taken from it is accepted only where
+        # the user says no untrusted client can write it (--remote-accept-cached).
+        self.accept_cached = accept_cached
+        self.skip_cache_lookup = skip_cache_lookup or not accept_cached
         self.warn = warn or (lambda message: None)
         self.slots = Window(max(1, jobs))
         self.local_slots = threading.BoundedSemaphore(max(1, local_jobs))
@@ -111,9 +143,7 @@ class RemoteRunner:
         self._given_up = False
         self.stats = {"executed": 0, "cached": 0, "fell_back": 0, "uploaded_bytes": 0, "downloaded_bytes": 0,
                       "missing_uploaded": 0, "reuploaded": 0, "backed_off": 0}
-        if not url.startswith(("grpc://", "grpcs://")):
-            raise LoadError(f"remote executor {url!r} is not a grpc:// or grpcs:// address",
-                            hint="give --remote-executor grpc://HOST:PORT[/instance]")
+        check_grpc_url(url, "remote executor", "give --remote-executor grpc://HOST:PORT[/instance]")
         # Transport faults are handled here (retries, WaitExecution, fallback): the shared
         # remote's circuit breaker never opens on its own.
         self.remote = ReapiRemote(url, cas.digester.name, timeout_s, CircuitBreaker(limit=1 << 30))
@@ -121,6 +151,7 @@ class RemoteRunner:
         self._ready_lock = threading.Lock()
         self.digest_map: DigestMap | None = None
         self.encoder: Encoder | None = None
+        self.fetcher: Fetcher | None = None
 
     # -- the service's digest function ----------------------------------------------------
     def _connect(self) -> None:
@@ -149,6 +180,7 @@ class RemoteRunner:
             if caps.cache_capabilities.max_batch_total_size_bytes:
                 self.remote.max_batch = min(caps.cache_capabilities.max_batch_total_size_bytes, 4 << 20)
             self.encoder = Encoder(self.pb, function, file_digest)
+            self.fetcher = Fetcher(self.remote, self.cas, function, self._transient)
             self._ready = True
 
     # -- the runner's surface ---------------------------------------------------------------
@@ -544,17 +576,32 @@ class RemoteRunner:
     # -- outputs ---------------------------------------------------------------------------------
     def _fetched(self, action: Action, response, wall_s: float) -> Callable[[], tuple[Tree, ActionResult]]:
         """The remote result taken into the local CAS: a non-zero exit or a missing output is the
-        action's failure (as locally); otherwise `store`, which returns the tree and result."""
+        action's failure (as locally); a result of the wrong shape (results.py) or whose blobs
+        do not match it is a RemoteFailure, and nothing of it is stored; otherwise `store`,
+        which returns the tree and result."""
+        try:
+            return self._take(action, response, wall_s)
+        except (BadResult, FetchError, ValueError) as e:
+            raise RemoteFailure(f"refused the server's result: {e}"[:400]) from None
+        finally:
+            with self._lock:
+                self.stats["downloaded_bytes"] += self.fetcher.downloaded
+                self.fetcher.downloaded = 0
+
+    def _take(self, action: Action, response, wall_s: float) -> Callable[[], tuple[Tree, ActionResult]]:
         result = response.result
+        if response.cached_result and not self.accept_cached:
+            raise BadResult("the server answered from its action cache, which this client did not ask for "
+                            "(--remote-accept-cached)")
         with self._lock:
             self.stats["cached" if response.cached_result else "executed"] += 1
-        stdout = self._stream_bytes(result.stdout_raw, result.stdout_digest)
-        stderr = self._stream_bytes(result.stderr_raw, result.stderr_digest)
+        stdout = self.fetcher.log(result.stdout_raw, self._log_digest(result, "stdout"))
+        stderr = self.fetcher.log(result.stderr_raw, self._log_digest(result, "stderr"))
         if result.exit_code != 0:
             from build_graph.sandbox import _tail
             worker = result.execution_metadata.worker or "a remote worker"
-            raise ActionFailed(f"exited with status {result.exit_code} (on {worker})\n{_tail(stdout + stderr)}",
-                               where=action.name)
+            raise ActionFailed(f"exited with status {result.exit_code} (on {worker[:200]})\n"
+                               f"{_tail(stdout[-65536:] + stderr[-65536:])}", where=action.name)
         tree = self._output_tree(action, result)
         whole = action.outputs == (".",)
         if not whole:
@@ -562,7 +609,7 @@ class RemoteRunner:
                        and not any(p.startswith(o + "/") for p in tree.entries)]
             if missing:
                 from build_graph.sandbox import _tail
-                raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
+                raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr[-65536:])}",
                                    where=action.name)
         meta = result.execution_metadata
         duration = wall_s
@@ -579,71 +626,84 @@ class RemoteRunner:
                 output_entries=len(tree))
         return store
 
-    def _stream_bytes(self, raw: bytes, digest) -> bytes:
-        if raw or not digest.hash:
-            return raw
-        return self._blobs({digest.hash: digest.size_bytes})[digest.hash]
+    @staticmethod
+    def _log_digest(result, which: str):
+        """stdout's or stderr's digest, checked where the result names one."""
+        digest = getattr(result, f"{which}_digest")
+        if digest.hash:
+            check_digest(digest, which)
+        return digest
 
-    def _blobs(self, sizes: dict[str, int]) -> dict[str, bytes]:
-        """Blobs from the server, each checked against its digest."""
+    def declared(self, action: Action) -> tuple[dict[str, str], set[str]]:
+        """The output paths the Command declared, as the server may write each back (as sent, or
+        normalised: `.` for the working directory) -> its path in the output directory; and
+        those of the client's own marker (dropped)."""
+        named, ignored = {}, set()
+        for path in [*output_paths(action), *self._whole_out(action)]:
+            rel = out_relative(action, path)
+            for spelling in {path, posixpath.normpath(path) if path else "."}:
+                named[spelling] = rel
+                if rel == WRITABLE_MARK:
+                    ignored.add(spelling)
+        return named, ignored
+
+    def _load_tree(self, output: str, digest: tuple[str, int]):
+        """An output directory's Tree message and its Directories by digest (those it does not
+        carry read by digest), within MAX_TREE_BYTES in all."""
+        pb = self.pb
+        h, size = digest
+        data = self.fetcher.message_bytes(h, size, MAX_TREE_BYTES)
         try:
-            got = self._transient(lambda: self.remote.get_blobs(sizes)) if sizes else {}
-        except (RemoteUnavailable, BodyTooLarge) as e:
-            raise RemoteFailure(f"fetching outputs: {e}") from None
-        for h in sizes:
-            data = got.get(h)
-            if data is None:
-                raise RemoteFailure(f"the server's result names blob {h[:16]}…, which it does not hold")
-            if self.encoder.hash(data) != h:
-                raise RemoteFailure(f"blob {h[:16]}… from the server does not hash to its digest")
-        with self._lock:
-            self.stats["downloaded_bytes"] += sum(sizes.values())
-        return got
+            message = pb.Tree.FromString(data)
+        except Exception:  # noqa: BLE001 - a blob that is no Tree is the server's fault
+            raise BadResult(f"output directory {output!r}: blob {h[:16]}… is not a Tree") from None
+        directories = {self.encoder.hash(c.SerializeToString(deterministic=True)): c for c in message.children}
+        budget = MAX_TREE_BYTES - size
+        seen: set[str] = set()
+        frontier = [message.root]
+        while frontier:  # each distinct Directory once; those the Tree lacks (encoded otherwise) read by digest
+            following, unknown = [], {}
+            for directory in frontier:
+                for node in directory.directories:
+                    dh, dsize = check_digest(node.digest, f"output directory {output!r}", len(h))
+                    if dh in seen:
+                        continue
+                    seen.add(dh)
+                    if dh in directories:
+                        following.append(directories[dh])
+                    else:
+                        unknown[dh] = dsize
+            if unknown:
+                if sum(unknown.values()) > budget:
+                    raise BadResult(f"output directory {output!r} names directories of more than "
+                                    f"{MAX_TREE_BYTES} bytes")
+                budget -= sum(unknown.values())
+                for dh, data in self.fetcher.small(unknown).items():
+                    try:
+                        directories[dh] = pb.Directory.FromString(data)
+                    except Exception:  # noqa: BLE001
+                        raise BadResult(f"output directory {output!r}: blob {dh[:16]}… is not a Directory") from None
+                    following.append(directories[dh])
+            frontier = following
+        return message, directories
 
     def _output_tree(self, action: Action, result) -> Tree:
-        """The result's outputs as a tree of the output directory, every file stored locally:
-        what the local runner's ingest of the same directory gives (files, symlinks, empty
-        directories)."""
-        pb = self.pb
-        files: dict[str, tuple[str, int, bool]] = {}  # path -> (remote hash, size, executable)
-        entries: dict[str, object] = {}
-        for f in result.output_files:
-            files[out_relative(action, f.path)] = (f.digest.hash, f.digest.size_bytes, f.is_executable)
-        for s in [*result.output_symlinks, *result.output_file_symlinks, *result.output_directory_symlinks]:
-            entries[out_relative(action, s.path)] = SymlinkEntry(s.target)
-        trees = self._blobs({d.tree_digest.hash: d.tree_digest.size_bytes for d in result.output_directories})
-        for d in result.output_directories:
-            message = pb.Tree.FromString(trees[d.tree_digest.hash])
-            children = {self.encoder.hash(c.SerializeToString(deterministic=True)): c for c in message.children}
-            named = {n.digest.hash: n.digest.size_bytes for c in [message.root, *message.children] for n in c.directories}
-            unknown = {h: size for h, size in named.items() if h not in children}
-            for h, data in self._blobs(unknown).items():  # encoded otherwise than here: read by digest
-                children[h] = pb.Directory.FromString(data)
-            base = out_relative(action, d.path)
-            self._walk(message.root, "" if base == "." else base, children, files, entries)
-        files.pop(WRITABLE_MARK, None)
+        """The result's outputs as a tree of the output directory, checked whole first
+        (results.ResultChecker), then every file fetched into the local CAS: what the local
+        runner's ingest of the same directory gives (files, symlinks, empty directories)."""
+        named, ignored = self.declared(action)
+        checked = ResultChecker(named, ignored, self._load_tree, len(self.encoder.hash(b""))).check(result)
+        entries = checked.entries
         entries.pop(WRITABLE_MARK, None)
-        datas = self._blobs({h: size for h, size, _x in files.values()})
-        for path, (h, size, executable) in files.items():
-            entry = self.cas.put_bytes(datas[h], executable)
+        files = {p: e for p, e in entries.items() if isinstance(e, RemoteFile)}
+        stored = self.fetcher.files({(e.hash, e.executable): e.size for e in files.values()})
+        for path, remote in files.items():
+            entry = stored[(remote.hash, remote.executable)]
             if self.digest_map is not None:  # this output may be a later remote action's input
                 with self.digest_map._lock:
-                    self.digest_map.table.set(entry.digest, h)
+                    self.digest_map.table.set(entry.digest, remote.hash)
             entries[path] = entry
         return Tree(entries)
-
-    def _walk(self, directory, prefix: str, children: dict, files: dict, entries: dict) -> None:
-        if not (directory.files or directory.directories or directory.symlinks) and prefix:
-            entries[prefix] = DirEntry()  # an empty directory (ingest_dir records each, and an empty output dir)
-        for f in directory.files:
-            files[f"{prefix}/{f.name}" if prefix else f.name] = (f.digest.hash, f.digest.size_bytes, f.is_executable)
-        for s in directory.symlinks:
-            entries[f"{prefix}/{s.name}" if prefix else s.name] = SymlinkEntry(s.target)
-        for d in directory.directories:
-            child = children.get(d.digest.hash)
-            if child is None:
-                raise RemoteFailure(f"the output tree names directory {d.digest.hash[:16]}… it does not hold")
-            self._walk(child, f"{prefix}/{d.name}" if prefix else d.name, children, files, entries)
 
 
 class Window:

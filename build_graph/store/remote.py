@@ -186,8 +186,11 @@ def open_remote(url: str, digest_function: str, timeout_s: float = 10.0) -> Remo
     if url.startswith(("http://", "https://")):
         return HttpRemote(url, timeout_s)
     if url.startswith(("grpc://", "grpcs://")):
+        from build_graph.remote_exec.address import check_grpc_url, quiet_grpc
         from build_graph.store.reapi_remote import ReapiRemote
 
+        quiet_grpc()
+        check_grpc_url(url, "remote cache", "give --remote-cache (or [remote] url) grpc://HOST:PORT[/instance]")
         remote = ReapiRemote(url, digest_function, timeout_s)
         try:
             remote.check_capabilities()
