@@ -340,3 +340,24 @@ def test_a_symlink_climbing_out_is_kept_as_the_action_made_it(cas):
     tree, _server = run(cas, answer)
     assert tree.entries["a.txt"] == SymlinkEntry("../../etc/passwd")
 
+
+
+def test_grpc_core_logs_stay_quiet(tmp_path):
+    """Hole 13: a TLS handshake with a plaintext server printed gRPC C-core's own log line before
+    bgraph's error; GRPC_VERBOSITY is NONE unless the user set it, so only bgraph's line is left."""
+    import subprocess
+    import sys
+    server = HostileServer(honest)
+    script = ("import sys; from build_graph.model import Digester; from build_graph.store.cas import LocalCas\n"
+              "from build_graph.remote_exec.client import RemoteRunner, RemoteFailure\n"
+              f"r = RemoteRunner(LocalCas(sys.argv[1], Digester('sha256')), {server.url.replace('grpc:', 'grpcs:')!r},"
+              " local=None, timeout_s=5)\n"
+              "try:\n    r._connect()\nexcept RemoteFailure as e:\n    print('refused:', str(e)[:40])\n")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    try:
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "c")], capture_output=True, text=True,
+                             env=env, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    finally:
+        server.stop()
+    assert run.stdout.startswith("refused: remote executor grpcs://"), run.stdout + run.stderr
+    assert run.stderr == "", run.stderr

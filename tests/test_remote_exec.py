@@ -556,12 +556,17 @@ def test_more_executes_than_the_servers_threads_are_absorbed(small_grid, root, m
 
 
 def test_bad_remote_execution_settings_are_one_line_each(root, module_tmp):
-    """A non-grpc address (flag or [remote] executor) and a --remote-jobs below 1: one error line
-    with a hint, before anything is planned, never a traceback."""
+    """A non-grpc address (flag or [remote] executor), a port outside 1-65535 or a broken host, and
+    a --remote-jobs below 1: one error line with a hint, before anything is planned, never a
+    traceback."""
     ws = WS(root, module_tmp / "bad-cache")
     run = ws.cli("build", "--remote-executor", "http://127.0.0.1:1", "//remote:a")
     assert run.rc != 0 and "is not a grpc:// or grpcs:// address" in run.stderr and "hint:" in run.stderr
     assert "Traceback" not in run.stderr
+    for url, why in (("grpc://127.0.0.1:65537", "port '65537' is not a number from 1 to 65535"),
+                     ("grpc://[::1", "is not a host name or address"), ("grpc://", "has no HOST:PORT")):
+        run = ws.cli("build", "--remote-executor", url, "//remote:a")  # gRPC took 65537 as port 1
+        assert run.rc != 0 and why in run.stderr and "hint:" in run.stderr and "Traceback" not in run.stderr
     run = ws.cli("build", "--remote-executor", "grpc://127.0.0.1:1", "--remote-jobs", "0", "//remote:a")
     assert run.rc != 0 and "--remote-jobs 0: give at least 1" in run.stderr and "Traceback" not in run.stderr
     config = module_tmp / "user-config.toml"
