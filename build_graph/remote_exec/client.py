@@ -584,9 +584,9 @@ class RemoteRunner:
         except (BadResult, FetchError, ValueError) as e:
             raise RemoteFailure(f"refused the server's result: {e}"[:400]) from None
         finally:
+            downloaded = self.fetcher.take_downloaded()
             with self._lock:
-                self.stats["downloaded_bytes"] += self.fetcher.downloaded
-                self.fetcher.downloaded = 0
+                self.stats["downloaded_bytes"] += downloaded
 
     def _take(self, action: Action, response, wall_s: float) -> Callable[[], tuple[Tree, ActionResult]]:
         result = response.result

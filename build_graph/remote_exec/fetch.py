@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 
 from build_graph.model import FileEntry
 from build_graph.remote_exec.outputs import LOG_CAP
@@ -33,7 +34,18 @@ class Fetcher:
 
     def __init__(self, remote, cas, function: str, transient=lambda call: call()):
         self.remote, self.cas, self.function, self.transient = remote, cas, function, transient
-        self.downloaded = 0
+        self._downloaded = 0  # bytes read since taken (several actions' fetches run at once)
+        self._lock = threading.Lock()
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self._downloaded += n
+
+    def take_downloaded(self) -> int:
+        """The bytes fetched since the last call."""
+        with self._lock:
+            n, self._downloaded = self._downloaded, 0
+        return n
 
     def _batched(self, size: int) -> bool:
         return size + 1024 <= self.remote.max_batch
@@ -53,7 +65,7 @@ class Fetcher:
             if h not in got:
                 raise FetchError(f"the server's result names blob {h[:16]}…, which it does not hold")
             self._check(h, size, got[h])
-        self.downloaded += sum(sizes.values())
+        self._count(sum(sizes.values()))
         return got
 
     def message_bytes(self, h: str, size: int, cap: int) -> bytes:
@@ -107,7 +119,7 @@ class Fetcher:
                     os.close(fd)
                 if written != size or digest.hexdigest() != h:
                     raise FetchError(f"blob {h[:16]}… from the server does not hash to its digest")
-                self.downloaded += size
+                self._count(size)
                 return self.cas.put_file(tmp, executable=executable, move=True)  # renamed in: holes kept
             except _Retry:
                 os.unlink(tmp)
@@ -165,7 +177,7 @@ class Fetcher:
                 continue
             if total != size or hasher.hexdigest() != h:
                 raise FetchError(f"blob {h[:16]}… from the server does not hash to its digest")
-            self.downloaded += size
+            self._count(size)
             return _capped(bytes(tail[-LOG_CAP:]), total)
         raise AssertionError("unreachable")
 

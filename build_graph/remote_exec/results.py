@@ -50,10 +50,6 @@ class Outputs:
 
     entries: dict[str, object] = field(default_factory=dict)  # path -> RemoteFile | SymlinkEntry | DirEntry
 
-    def files(self) -> dict[str, RemoteFile]:
-        """The output files (path -> RemoteFile)."""
-        return {p: e for p, e in self.entries.items() if isinstance(e, RemoteFile)}
-
 
 def check_name(name: str, where: str) -> str:
     """A Directory entry's name, refused where it is not one plain path component."""
