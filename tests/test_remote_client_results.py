@@ -31,9 +31,9 @@ class HostileServer:
     """CAS + ByteStream + Execute; `answer(command, put)` makes each Execute's ActionResult
     (`put(bytes)` stores a blob and returns its Digest); `cached` marks it a cache hit."""
 
-    def __init__(self, answer, cached: bool = False):
+    def __init__(self, answer, cached: bool = False, mangle=lambda data: data):
         self.cas: dict[str, bytes] = {}
-        self.answer, self.cached = answer, cached
+        self.answer, self.cached, self.mangle = answer, cached, mangle
         self.requests: list = []
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         u, s = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
@@ -94,6 +94,7 @@ class HostileServer:
         response = pb.ExecuteResponse(result=self.answer(command, self.put), cached_result=self.cached)
         packed = any_pb2.Any()
         packed.Pack(response)
+        packed.value = self.mangle(packed.value)  # bytes no message API writes (a name that is not UTF-8)
         yield operations_pb2.Operation(name="op", done=True, response=packed)
 
     def stop(self) -> None:
@@ -113,10 +114,10 @@ def stored_blobs(cas: LocalCas) -> set[bytes]:
     return {p.read_bytes() for p in cas.blobs.rglob("*") if p.is_file()}
 
 
-def run(cas: LocalCas, answer, cached: bool = False, **options):
+def run(cas: LocalCas, answer, cached: bool = False, mangle=lambda data: data, **options):
     """The action run through a RemoteRunner against a HostileServer answering `answer`: its tree
     (after `store`), or the ActionFailed it raised; and the server."""
-    server = HostileServer(answer, cached)
+    server = HostileServer(answer, cached, mangle)
     runner = RemoteRunner(cas, server.url, local=lambda: pytest.fail("the action must not run locally"),
                           timeout_s=10, **options)
     try:
@@ -231,6 +232,20 @@ def test_a_hostile_result_is_refused_in_one_line_and_nothing_is_filed(cas, what)
     assert "\n" not in text and "Traceback" not in text
     assert "--remote-local-fallback" in (failed.hint or "")
     assert not [b for b in stored_blobs(cas) - before if b in (EVIL, b"other\n", b"hello\n")]
+
+
+def test_a_result_that_is_not_utf8_is_refused_in_one_line(cas):
+    """An output path that is not UTF-8 makes the ExecuteResponse undecodable: the service's
+    failure in one line, never a traceback."""
+    def answer(command, put):
+        r = complete(command, put)
+        r.output_files.add(path="PLACEHOLDER", digest=put(EVIL))
+        return r
+    failed, _server = run(cas, answer, mangle=lambda data: data.replace(b"PLACEHOLDER", b"\xff\xfeLACEHOLD"))
+    assert isinstance(failed, ActionFailed), failed
+    assert failed.message.startswith("remote execution failed: refused the server's result: its ExecuteResponse "
+                                     "cannot be read"), failed.message
+    assert EVIL not in stored_blobs(cas)
 
 
 def test_a_tree_bomb_is_refused_at_once(cas):

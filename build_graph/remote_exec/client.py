@@ -539,8 +539,11 @@ class RemoteRunner:
         """The operation's stage from its metadata; an action that starts (or ends) is progress
         for every action of its platform (see _check_queue)."""
         meta = self.pb.ExecuteOperationMetadata()
-        if op.metadata.type_url and op.metadata.Unpack(meta):
-            stage = meta.stage
+        try:
+            if op.metadata.type_url and op.metadata.Unpack(meta):
+                stage = meta.stage
+        except Exception:  # noqa: BLE001 - metadata that cannot be read tells no stage
+            pass
         if stage >= 3 or op.done:  # EXECUTING, COMPLETED
             with self._lock:
                 self._progress[platform] = time.monotonic()
@@ -570,7 +573,13 @@ class RemoteRunner:
         if op.HasField("error"):
             response.status.CopyFrom(op.error)
             return response
-        op.response.Unpack(response)
+        try:
+            unpacked = op.response.Unpack(response)
+        except Exception as e:  # noqa: BLE001 - undecodable (a name that is not UTF-8): the server's fault
+            raise RemoteFailure(f"refused the server's result: its ExecuteResponse cannot be read ({e})"[:300]) from None
+        if not unpacked:
+            raise RemoteFailure(f"refused the server's result: the operation holds a {op.response.type_url[:100]!r}, "
+                                "not an ExecuteResponse")
         return response
 
     # -- outputs ---------------------------------------------------------------------------------
