@@ -318,6 +318,10 @@ class Engine:
 
         tools = self.host_tools_of(result)
         record = recording.of_build(self.cache_dir, summary, links, tools) if tools is not None else None
+        if record is not None and not self.cas.stamped_good(record.outputs.values()):
+            # An output's blob is not in the state it was last hashed good in (written through a
+            # link while the build ran): what the record would stamp is not what the build made.
+            record = None
         if record is not None and result.memo:
             # A source the scan leaves out (under .git/ or __pycache__/) shows no stamp: the record
             # takes it as always changed, as a racily clean file, so the next build replans what

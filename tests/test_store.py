@@ -339,6 +339,42 @@ def test_materializing_keeps_the_verify_stamps_current(cas, tmp_path):
     assert stamps[p.name] == filestate.of(st)
 
 
+def test_a_blob_written_while_a_tree_is_materialized_is_never_taken_as_verified(cas, tmp_path, monkeypatch):
+    """Only the instant around each link is taken on trust: a same-size write into a blob with its
+    mtime put back (ctime alone moves) while the tree is being linked is caught by the next
+    verify. The ctime change was taken into the stamp for every blob at the end of the whole
+    materialize, which recorded such a write as hashed good (red team K11)."""
+    import time
+
+    import build_graph.store.cas as cas_module
+
+    a = cas.put_bytes(b"first file")
+    b = cas.put_bytes(b"other file")
+    tree = Tree({"a": a, "b": b})
+    cas.close()
+    later = LocalCas(tmp_path / "cache", B3)
+    assert later.verify_tree(tree) == []
+    time.sleep(0.05)  # past the coarse kernel clock tick, so the write visibly moves ctime
+    blob_b = later.blob_path(b.digest)
+    real_link = os.link
+
+    def link_then_write_b(src, dst, *args, **kw):
+        real_link(src, dst, *args, **kw)
+        if os.fspath(src) == os.fspath(later.blob_path(a.digest)):  # while a is linked, b is written
+            st = blob_b.stat()
+            blob_b.chmod(0o644)
+            blob_b.write_bytes(b"OTHER FILE")
+            blob_b.chmod(0o444)
+            os.utime(blob_b, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(cas_module.os, "link", link_then_write_b)
+    later.materialize(Tree({"a": a, "b": b}))
+    monkeypatch.setattr(cas_module.os, "link", real_link)
+    later.save_stamps()
+    assert not LocalCas(tmp_path / "cache", B3).verify(b)  # re-hashed: the write is found
+    assert LocalCas(tmp_path / "cache", B3).verify(a)
+
+
 def test_action_cache(tmp_path, cas):
     ac = LocalActionCache(cas.base, cas.tmp)
     r = ActionResult("t" * 64, 0, "o" * 64, "e" * 64, 1.5, 3)

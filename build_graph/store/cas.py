@@ -61,12 +61,16 @@ def stat_stamp(st: os.stat_result) -> list:
     return filestate.of(st)
 
 
-def restamp_linked(stamps: JsonTable, blob: Path) -> None:
-    """Making or removing a hard link of a blob moves its ctime, part of its stamp: where the
-    stamp recorded still holds but for ctime (size, mtime and inode the same), take the new
-    ctime, else the next build re-hashes the blob."""
-    old = stamps.table.get(blob.name)
-    if old is None:
+def restamp_linked(stamps: JsonTable, blob: str | os.PathLike, before: os.stat_result) -> None:
+    """Making or removing a hard link of a blob moves its ctime, part of its stamp. `before`: the
+    blob's stat taken just before this process made or removed one link. Where the stamp
+    recorded was the blob's then, and it is still but for ctime, take the new ctime, else the
+    next build re-hashes the blob. ctime is also what shows a write whose mtime was put back:
+    only the instant between `before` and now is taken on trust, never a whole materialize or
+    collection (a write landing in such a window was recorded as verified, red team K11)."""
+    name = os.path.basename(blob)
+    old = stamps.table.get(name)
+    if old is None or old != stat_stamp(before):
         return
     try:
         st = os.stat(blob)
@@ -74,7 +78,7 @@ def restamp_linked(stamps: JsonTable, blob: Path) -> None:
         return
     new = stat_stamp(st)
     if new != old and filestate.same_but_links(old, new):
-        stamps.set(blob.name, new)
+        stamps.set(name, new)
 
 
 _read_buffers = threading.local()
@@ -182,12 +186,13 @@ def _node_name(name: str, node: str) -> str:
     return name
 
 
-def rmtree(path: str | os.PathLike) -> None:
+def rmtree(path: str | os.PathLike, unlinked=None) -> None:
     """Remove a file, link or directory tree, whatever an action left in it: read-only or
     unreadable directories (made u+rwx to be emptied), FIFOs and sockets (unlinked, never
     opened), links (removed, never followed), and trees deeper than a path can name or Python
     can recurse (walked with an explicit stack and one directory descriptor at a time). A path
-    that does not exist is nothing to do."""
+    that does not exist is nothing to do. `unlinked`: called with each regular file's lstat
+    taken just before its unlink (the store keeps its blobs' stamps through it)."""
     path = os.fspath(path)
     try:
         st = os.lstat(path)
@@ -199,7 +204,7 @@ def rmtree(path: str | os.PathLike) -> None:
     fd = enter_dir(path)
     # The directories from `path` down to the one open (`fd`): its name in its parent, its
     # (device, inode), and the subdirectories of it left to remove.
-    frames = [("", _identity(fd), _clear(fd))]
+    frames = [("", _identity(fd), _clear(fd, unlinked))]
     try:
         while True:
             _name, _ident, pending = frames[-1]
@@ -208,7 +213,7 @@ def rmtree(path: str | os.PathLike) -> None:
                 sub = enter_dir(name, fd)
                 os.close(fd)
                 fd = sub
-                frames.append((name, _identity(fd), _clear(fd)))
+                frames.append((name, _identity(fd), _clear(fd, unlinked)))
                 continue
             name = frames.pop()[0]
             if not frames:
@@ -258,9 +263,10 @@ def enter_dir(name: str | os.PathLike, dir_fd: int | None = None) -> int:
     return fd
 
 
-def _clear(fd: int) -> list[str]:
+def _clear(fd: int, unlinked=None) -> list[str]:
     """Unlink every entry of the open directory that is not a directory (a file, link, FIFO or
-    socket: none is opened or followed); returns the names of its subdirectories."""
+    socket: none is opened or followed); returns the names of its subdirectories. `unlinked`:
+    called with each regular file's lstat taken just before its unlink, once it is gone."""
     subdirs = []
     with os.scandir(fd) as it:
         for e in it:
@@ -268,9 +274,12 @@ def _clear(fd: int) -> list[str]:
                 subdirs.append(e.name)
             else:
                 try:
+                    st = os.lstat(e.name, dir_fd=fd) if unlinked is not None else None
                     os.unlink(e.name, dir_fd=fd)
                 except FileNotFoundError:
-                    pass
+                    continue
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    unlinked(st)
     return subdirs
 
 
@@ -747,6 +756,13 @@ class LocalCas:
         self._sources.discard(key)
         return self.put_source(key).digest == entry.digest and self.verify(entry)
 
+    def stamped_good(self, stamps) -> bool:
+        """Whether every regular file among `stamps` (of materialized files: a hard link's stat
+        is its blob's) has the stamp its blob was last hashed good under."""
+        with self._stamp_lock:
+            good = {tuple(s) for s in self._stamps.table.values()}
+        return all(tuple(s) in good for s in stamps if s is not None and stat.S_ISREG(s[4]))
+
     def verify_tree(self, tree: Tree) -> list[str]:
         """Paths in `tree` whose blobs are missing or corrupted (bad ones are removed)."""
         return [p for p, e in tree.files().items() if not self.verify(e)]
@@ -857,11 +873,13 @@ class LocalCas:
                     # a second worker) may have made it first, and replacing it would give the
                     # trees linked to its inode another one, which makes them look changed to it.
                     os.link(tmp, x)
-                    self._stamp_written(str(x))  # a copy of a blob verified just before (materialize)
+                    made = True
                 except FileExistsError:
-                    pass
+                    made = False
                 finally:
                     os.unlink(tmp)
+                if made:  # stamped once its temporary name is gone (that unlink moves its ctime)
+                    self._stamp_written(str(x))  # a copy of a blob verified just before (materialize)
         return x
 
     def materialize(self, tree: Tree) -> Path:
@@ -902,13 +920,14 @@ class LocalCas:
                     raise StoreError(f"cannot materialize: {path!r} lies below non-directory {parent!r}")
                 parent = parent.rpartition("/")[0]
         staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="tree-"))
-        linked: set[Path] = set()
+        linked: dict[tuple[int, int], Path] = {}  # (device, inode) -> the blob
         try:
             for path, entry in tree.entries.items():
                 target = staging / path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(entry, FileEntry):
                     source = self._exec_blob(entry) if entry.executable else self.blob_path(entry.digest)
+                    before = os.stat(source)
                     try:
                         os.link(source, target)
                     except OSError as e:
@@ -918,7 +937,8 @@ class LocalCas:
                                          f"({os.stat(source).st_nlink}): trees that hold it cannot be made",
                                          hint="run `bgraph cache gc` (materialized trees are re-made on use; "
                                               "each holds a link)") from None
-                    linked.add(source)
+                    self._restamp(source, before)
+                    linked[before.st_dev, before.st_ino] = source
                 elif isinstance(entry, SymlinkEntry):
                     os.symlink(entry.target, target)
                 else:
@@ -942,11 +962,12 @@ class LocalCas:
                 rmtree(staging)
             finally:
                 if aside is not None:
-                    rmtree(aside)
+                    # The stale tree's links of the same blobs go too: their stamps kept the same way.
+                    rmtree(aside, lambda st: (blob := linked.get((st.st_dev, st.st_ino))) is not None
+                           and self._restamp(blob, st))
         except BaseException:
             rmtree(staging)
             raise
-        self._restamp(linked)
         self._intact.add(digest)
         return dest
 
@@ -1005,13 +1026,12 @@ class LocalCas:
             return True
         return self.verify(entry) and st.st_ino == os.stat(self._blob_str(entry.digest) + copy).st_ino
 
-    def _restamp(self, blobs: set[Path]) -> None:
+    def _restamp(self, blob: Path, before: os.stat_result) -> None:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
-        take the new ctime where size, mtime and inode still match, else the next build would
-        re-hash every blob this one linked."""
+        take the new ctime where it alone moved since `before` (the stat just before the link),
+        else the next build would re-hash every blob this one linked."""
         with self._stamp_lock:
-            for p in blobs:
-                restamp_linked(self._stamps, p)
+            restamp_linked(self._stamps, blob, before)
 
     def add_root(self, link: Path) -> None:
         """Make the tree `link` points at a gc root while the link stays (like a Nix result
