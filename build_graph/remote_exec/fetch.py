@@ -14,6 +14,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 
 from build_graph.model import FileEntry
 from build_graph.remote_exec.outputs import LOG_CAP
@@ -125,6 +126,7 @@ class Fetcher:
                 os.unlink(tmp)
                 if attempt == READ_ATTEMPTS - 1:
                     raise FetchError(f"reading blob {h[:16]}… failed {READ_ATTEMPTS} times (UNAVAILABLE)") from None
+                time.sleep(0.5 * (attempt + 1))
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -153,6 +155,8 @@ class Fetcher:
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise _Retry() from None
             raise FetchError(f"reading blob {h[:16]}…: {code.name}: {(e.details() or '')[:200]}") from None
+        finally:
+            stream.cancel()  # a read left early (refused, or a consumer's error) holds no call open
 
     def log(self, raw: bytes, digest) -> bytes:
         """stdout or stderr: inline, else read; above LOG_CAP bytes only its tail, after a line
@@ -174,6 +178,7 @@ class Fetcher:
             except _Retry:
                 if attempt == READ_ATTEMPTS - 1:
                     raise FetchError(f"reading blob {h[:16]}… failed {READ_ATTEMPTS} times (UNAVAILABLE)") from None
+                time.sleep(0.5 * (attempt + 1))
                 continue
             if total != size or hasher.hexdigest() != h:
                 raise FetchError(f"blob {h[:16]}… from the server does not hash to its digest")
