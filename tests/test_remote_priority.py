@@ -194,7 +194,9 @@ def test_the_action_digest_does_not_depend_on_the_priority(one_slot, tmp_path):
     src = Tree({**action.input_tree("/bgraph/src").entries, "rand": cas.put_bytes(os.urandom(32))})
     action = dataclasses.replace(action, inputs=tuple((m, src if m == "/bgraph/src" else t) for m, t in action.inputs))
     since = _mark(one_slot)
-    runners = [_runner(cas, one_slot.url), _runner(cas, one_slot.url)]
+    # The second takes BuildGrid's cached answer: by default a client asks the executor to skip its
+    # action cache (any client may write it), so this one opts in as --remote-accept-cached does.
+    runners = [_runner(cas, one_slot.url), _runner(cas, one_slot.url, accept_cached=True)]
     s = Scheduler(jobs=1, max_mem_mb=1000)
     first = s.submit(lambda: runners[0].run(action), 0, priority=0.0)
     first.result(timeout=300)
