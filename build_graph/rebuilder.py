@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,6 +77,19 @@ def _tree_diff(mount: str, old: str, new: str, cas: LocalCas, limit: int = 5) ->
     return out
 
 
+def undeclared(tree: Tree, outputs: tuple[str, ...]) -> str | None:
+    """A path of `tree` that is neither one of `outputs` nor below one (None: all are): a local
+    run keeps only what the action declared."""
+    declared = {posixpath.normpath(o) for o in outputs}
+    for path in tree.entries:
+        up = path
+        while up not in declared:
+            up = up.rpartition("/")[0]
+            if not up:
+                return path
+    return None
+
+
 class Rebuilder:
     """Decides Hit / Miss(reason). Knows nothing of scheduling."""
 
@@ -92,15 +106,19 @@ class Rebuilder:
         result = self.ac.get(key)
         return (result, None, False) if result is not None else None
 
-    def _verified(self, key: str, result: ActionResult, tree: Tree | None = None, memo: bool = False) -> Hit | Miss:
-        """A hit if every blob of the cached output is present and sound; else the entry goes."""
+    def _verified(self, key: str, result: ActionResult, tree: Tree | None = None, memo: bool = False,
+                  outputs: tuple[str, ...] | None = None) -> Hit | Miss:
+        """A hit if every blob of the cached output is present and sound (and, with `outputs`,
+        the action's declared outputs, every path of it within one: an entry pulled from a
+        remote cache is another machine's word); else the entry goes."""
         # Held before the blobs are checked: a collection either keeps them or ran first.
         self.cas.holds.hold("key", key)
         self.ac.touch(key)  # its last use, for least-recently-used collection
         try:
             if tree is None:
                 tree = self.cas.get_tree(result.output_tree)
-            bad = self.cas.damaged(tree)
+            stray = undeclared(tree, outputs) if outputs is not None and not memo else None
+            bad = [f"{stray} (not a declared output)"] if stray else self.cas.damaged(tree)
         except (CorruptBlob, StoreError):
             bad = ["(directory node)"]
         if not bad:
@@ -121,7 +139,8 @@ class Rebuilder:
         description = action.description(self.digester)
         found = self._lookup(key) if action.cacheable else None
         if found is not None:
-            return self._verified(key, *found)
+            declared = action.outputs if action.kind == "exec" and action.outputs != (".",) else None
+            return self._verified(key, *found, outputs=declared)
         previous = recorded()
         if previous and previous.get("key") == key:
             return Miss("not in the cache (evicted or corrupted)")

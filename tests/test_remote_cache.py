@@ -28,6 +28,17 @@ def _public_key() -> str:
 
 KEYED = ("--remote-trusted-key", _public_key())  # trusts a key that signed nothing: no warning about trust
 
+
+def signing(tmp_path) -> tuple[str, str]:
+    """The option of an uploader's signing key (made once per test): uploads where keys are
+    trusted must be signed."""
+    from build_graph.store.signing import generate_key
+
+    key = tmp_path / "uploader.key"
+    if not key.exists():
+        generate_key(key)
+    return ("--remote-signing-key", str(key))
+
 FILES = {
     "in.txt": "alpha\nbeta\n",
     "targets/p.toml": '''[a]
@@ -99,7 +110,7 @@ def test_the_remote_can_come_from_workspace_toml_and_user_config(make_ws, nginx,
 
 
 @pytest.mark.parametrize("fault", ["refused", "503", "hung"])
-def test_an_unusable_remote_costs_one_warning_and_the_build_succeeds(make_ws, nginx, fault):
+def test_an_unusable_remote_costs_one_warning_and_the_build_succeeds(make_ws, nginx, fault, tmp_path):
     ws = make_ws(FILES)
     silent = SilentServer() if fault == "hung" else None
     url = {"refused": f"http://127.0.0.1:{free_port()}/cache", "503": nginx.broken_url,
@@ -107,7 +118,7 @@ def test_an_unusable_remote_costs_one_warning_and_the_build_succeeds(make_ws, ng
     if fault == "hung":  # a short timeout, from WORKSPACE.toml
         ws.write({"WORKSPACE.toml": (ws.root / "WORKSPACE.toml").read_text() + "\n[remote]\ntimeout_s = 1\n"})
     start = time.monotonic()
-    run = ws.build("//p:b", args=("--remote-cache", url, "--remote-upload", *KEYED))
+    run = ws.build("//p:b", args=("--remote-cache", url, "--remote-upload", *KEYED, *signing(tmp_path)))
     took = time.monotonic() - start
     if silent:
         assert silent.accepted <= 4  # the circuit breaker stopped calling it (3 failures, 2 threads)
@@ -454,9 +465,10 @@ def test_reapi_needs_the_servers_digest_function(make_ws, buildgrid):
     assert 'digest_function = "sha256"' in run.stderr and "Traceback" not in run.stderr
 
 
-def test_reapi_server_down_costs_one_warning(make_ws):
+def test_reapi_server_down_costs_one_warning(make_ws, tmp_path):
     ws = sha256_ws(make_ws, "alone")
-    run = ws.build("//p:b", args=("--remote-cache", f"grpc://127.0.0.1:{free_port()}", "--remote-upload", *KEYED))
+    run = ws.build("//p:b", args=("--remote-cache", f"grpc://127.0.0.1:{free_port()}", "--remote-upload", *KEYED,
+                                  *signing(tmp_path)))
     assert run.rc == 0, run.stderr
     assert run.json["executed"] == 2
     assert run.stderr.count("remote cache") == 1 and "unavailable" in run.stderr
@@ -512,3 +524,26 @@ def test_reading_builds_never_backfill(make_ws, nginx):
     assert warm.build("//p:b").rc == 0
     read_only = warm.build("//p:b", args=("--remote-cache", nginx.url, *OPEN))
     assert read_only.json["remote"]["backfilled"] == 0 and nginx.files("ac") == []
+
+
+def test_envelopes_nobody_signed_that_cannot_be_read_are_ignored(make_ws, nginx):
+    """Body text that cannot be encoded (a lone surrogate) or that nests past the parser's depth
+    failed the build for every reader (red team K12): both are entries to ignore."""
+    build(make_ws(FILES, name="writer"), "--remote-cache", nginx.url, *OPEN, "--remote-upload")
+    saved = {p: p.read_bytes() for p in nginx.files("ac")}
+    forge(nginx, lambda env: env["body"].update(note="\ud800"))
+    run = build(make_ws(FILES, name="reader1"), "--remote-cache", nginx.url, *OPEN)
+    assert run.json["executed"] == 2 and "not a bgraph cache entry" in run.stderr
+    for p, data in saved.items():
+        env = json.loads(data)
+        p.write_text(json.dumps(env)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    run = build(make_ws(FILES, name="reader2"), "--remote-cache", nginx.url, *OPEN)
+    assert run.json["executed"] == 2 and "not a bgraph cache entry" in run.stderr
+
+
+def test_uploading_without_a_signing_key_where_keys_are_trusted_is_refused(make_ws, nginx):
+    """Its unsigned entries would replace the signed ones its readers trust (red team K12)."""
+    ws = make_ws(FILES)
+    run = ws.build("//p:b", args=("--remote-cache", nginx.url, *KEYED, "--remote-upload"))
+    assert run.rc == 2 and "no signing_key" in run.stderr and "hint:" in run.stderr
+    assert "Traceback" not in run.stderr and not list(nginx.files("ac"))

@@ -375,6 +375,39 @@ def test_a_blob_written_while_a_tree_is_materialized_is_never_taken_as_verified(
     assert LocalCas(tmp_path / "cache", B3).verify(a)
 
 
+@pytest.mark.parametrize("node, why", [
+    ({"files": [], "dirs": []}, "'symlinks'"),
+    ({"files": [], "dirs": [], "symlinks": [["l", "a\0b"]]}, "a link target"),
+    ({"files": [], "dirs": [], "symlinks": [["l", ""]]}, "a link target"),
+    ({"files": [["x", "d" * 64, 1, False]], "dirs": [], "symlinks": [["x", "t"]]}, "a name listed twice"),
+    ({"files": [["x", "d" * 64, -1, False]], "dirs": [], "symlinks": []}, "another shape"),
+])
+def test_a_directory_node_of_another_shape_is_corrupt(cas, node, why):
+    """A node pulled from a remote is checked against its digest, not for what it says: one bgraph
+    never writes is refused as corrupt (a signed node without "symlinks" broke every later build
+    with a KeyError, a link target with NUL with a traceback: red team K12)."""
+    import json
+
+    raw = json.dumps(node).encode()
+    digest = cas.digester.of(raw)
+    cas.put_node(digest, raw)
+    with pytest.raises(CorruptBlob, match=why):
+        cas.get_tree(digest)
+
+
+def test_only_declared_outputs_make_a_hit():
+    """A cached tree with a path no declared output holds is not the action's (a local run keeps
+    only what it declared; a remote entry may say anything)."""
+    from build_graph.rebuilder import undeclared
+
+    f = FileEntry("a" * 64, 1)
+    tree = Tree({"o.txt": f, "d/x/y": f, "nested/out.o": f})
+    assert undeclared(tree, ("o.txt", "d", "nested/out.o")) is None
+    assert undeclared(tree, ("./o.txt", "d/", "nested/out.o")) is None
+    assert undeclared(tree, ("o.txt", "d")) == "nested/out.o"
+    assert undeclared(Tree({"stolen.txt": f}), ("o.txt",)) == "stolen.txt"
+
+
 def test_action_cache(tmp_path, cas):
     ac = LocalActionCache(cas.base, cas.tmp)
     r = ActionResult("t" * 64, 0, "o" * 64, "e" * 64, 1.5, 3)

@@ -837,12 +837,23 @@ class LocalCas:
             if self.digester.of(raw) != d:
                 os.unlink(p)
                 raise CorruptBlob(f"directory node {d[:16]} is corrupted; removed")
-            node = orjson.loads(raw)
-            for name, fd, size, ex in node["files"]:
-                entries[prefix + _node_name(name, d)] = FileEntry(fd, size, ex)
-            for name, target in node["symlinks"]:
-                entries[prefix + _node_name(name, d)] = SymlinkEntry(target)
-            for name, sub in node["dirs"]:
+            try:
+                node = orjson.loads(raw)
+                files, links, subdirs = node["files"], node["symlinks"], node["dirs"]
+                names = [n for n, *_ in files] + [n for n, _ in links] + [n for n, _ in subdirs]
+                if len(set(names)) != len(names):
+                    raise ValueError("a name listed twice")
+                for name, fd, size, ex in files:
+                    if not (isinstance(fd, str) and isinstance(size, int) and size >= 0 and isinstance(ex, bool)):
+                        raise ValueError("a file entry of another shape")
+                    entries[prefix + _node_name(name, d)] = FileEntry(fd, size, ex)
+                for name, target in links:
+                    if not isinstance(target, str) or not target or "\0" in target:
+                        raise ValueError(f"a link target {target!r}")
+                    entries[prefix + _node_name(name, d)] = SymlinkEntry(target)
+            except (ValueError, KeyError, TypeError) as e:  # another shape (a remote's, a damaged one)
+                raise CorruptBlob(f"directory node {d[:16]} is not one bgraph writes ({e})") from None
+            for name, sub in subdirs:
                 before = len(entries)
                 walk(sub, prefix + _node_name(name, d) + "/")
                 if len(entries) == before:

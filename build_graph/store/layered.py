@@ -29,7 +29,7 @@ import orjson
 from build_graph.model import ActionResult, Digester, FileEntry
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.atomic import write_json
-from build_graph.store.cas import LocalCas
+from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 from build_graph.store.remote import MAX_ENTRY_BYTES, MAX_UNSIZED_BYTES, BodyTooLarge, RemoteCache, RemoteUnavailable
 from build_graph.store.signing import UNSIGNED, Signer, Trust, signed_message
 
@@ -90,6 +90,10 @@ class LayeredActionCache:
             except TypeError:
                 raise Ignored("not an action result") from None
             self._pull(result, sizes)
+            try:
+                self.cas.get_tree(result.output_tree)  # names, link targets, node shapes checked
+            except (CorruptBlob, StoreError) as e:
+                raise Ignored(str(e)) from None
         except RemoteUnavailable as e:
             self._unavailable(e)
             return None
@@ -244,9 +248,11 @@ class LayeredActionCache:
             sizes = env.get("sizes") or {}
             if not isinstance(sizes, dict):
                 raise TypeError
-        except (ValueError, KeyError, TypeError, AttributeError):
+            # Inside the guard: a body nobody signed may still hold what cannot be encoded (a
+            # lone surrogate) or nest deeper than the parser's recursion.
+            message = signed_message(key, kind, body)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise Ignored("not a bgraph cache entry") from None
-        message = signed_message(key, kind, body)
         why = self.trust.check(message, env.get("sig"), env.get("pub"))
         if why:
             raise Ignored(why)
@@ -301,8 +307,11 @@ class LayeredActionCache:
         return nodes, files
 
     def _pull(self, result: ActionResult, hints: dict[str, int]) -> None:
-        """Bring every node and blob the result names into the local store, verified."""
-        hints = {d: s for d, s in hints.items() if isinstance(s, int)}
+        """Bring every node and blob the result names into the local store, verified. The size
+        hints are not signed: one above what an unsized fetch may read is dropped (a file's size
+        comes from its verified node instead)."""
+        hints = {d: s for d, s in hints.items()
+                 if isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_UNSIZED_BYTES}
 
         def fetch_node(d: str) -> bytes:
             raw = self._fetch_verified(d, hints.get(d), "directory node")
@@ -334,6 +343,8 @@ class LayeredActionCache:
                 return None
         missing = self.remote.find_missing({**blobs, **hints})
         for d in sorted(missing & blobs.keys()):
+            if not self.cas.verify(FileEntry(d, blobs[d])):
+                return None  # damaged here (and removed by verify): upload nothing of it
             data = self.cas.blob_path(d).read_bytes()
             self.remote.put_blob(d, data)
             self.stats.uploaded_bytes += len(data)
@@ -369,6 +380,10 @@ def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, setti
                              "trusted_keys, or pass --remote-trusted-key HEX; to use it unsigned anyway (a cache "
                              "only your own machines can write), set allow_unsigned = true in [remote] or pass "
                              "--remote-allow-unsigned")
+    if settings.upload and settings.trusted_keys and not settings.signing_key:
+        raise LoadError(f"remote cache {settings.url}: upload is on but no signing_key is set: the entries this "
+                        "machine wrote would be unsigned, and would replace signed ones that its readers trust",
+                        hint="give [remote] signing_key (make one with `bgraph cache keygen`), or turn upload off")
     signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
     trust = Trust(settings.trusted_keys, allow_unsigned=settings.allow_unsigned)
     cache = LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
