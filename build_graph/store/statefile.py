@@ -19,6 +19,7 @@ the no-op check reads its record before bgraph's model is imported.
 
 from __future__ import annotations
 
+import atexit
 import sqlite3
 import threading
 from pathlib import Path
@@ -44,6 +45,24 @@ def _schema(db: sqlite3.Connection) -> str | None:
     return row[0] if row else None
 
 
+_OPEN: list[sqlite3.Connection] = []  # (a Connection takes no weak reference)
+
+
+def _close_all() -> None:
+    """Close every state file this process opened, at exit: the last connection to close folds
+    SQLite's write-ahead log into the file, so what a command wrote is in the state file itself
+    when it ends, however the process's objects were last referenced (`bgraph` leaves by
+    os._exit, after the exit handlers). A connection still in use by a thread is left as is."""
+    for db in list(_OPEN):
+        try:
+            db.close()
+        except sqlite3.Error:
+            pass
+
+
+atexit.register(_close_all)
+
+
 def connect(path: Path, create: bool = True) -> sqlite3.Connection | None:
     """The state file at `path`, its tables made where it has none; None where it is missing
     (`create=False`), unreadable, or of another schema (not ours to read or write)."""
@@ -65,6 +84,7 @@ def connect(path: Path, create: bool = True) -> sqlite3.Connection | None:
         if schema != SCHEMA:
             db.close()
             return None
+        _OPEN.append(db)
         return db
     except (sqlite3.Error, OSError):
         # An unreadable state file costs speed, never correctness: every memo in it is a miss.
@@ -163,6 +183,9 @@ class StateFile:
         self._write([("INSERT OR REPLACE INTO parses VALUES (?, ?)", [(root, parse)])])
 
     def close(self) -> None:
+        """Close the state file (its log folded in where this was the last connection)."""
         if self._db is not None:
             self._db.close()
+            if self._db in _OPEN:
+                _OPEN.remove(self._db)
             self._db = None
