@@ -247,7 +247,7 @@ def enter_dir(name: str | os.PathLike, dir_fd: int | None = None) -> int:
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
     except PermissionError:
-        st = os.stat(name, dir_fd=dir_fd)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
             raise
         # A directory a moment ago: O_NOFOLLOW below checks again.
