@@ -1,3 +1,3 @@
-from build_graph.cli import run
+from build_graph.launch import run
 
 run()
