@@ -329,6 +329,8 @@ def bgraph_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str
     """The test process's environment without BGRAPH_* and with a private HOME (as conftest gives
     the suite), bgraph importable from this checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BGRAPH_", "PIP_"))}
+    if "XDG_CACHE_HOME" in os.environ:  # the session's: a new home need not compile bgraph's bytecode again
+        env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(os.environ["XDG_CACHE_HOME"], "bgraph-bytecode"))
     env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"),
                XDG_DATA_HOME=str(home / ".local" / "share"), PIP_CONFIG_FILE=os.devnull, COLUMNS="2000")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -30,11 +30,12 @@ def test_bytecode_kept_under_the_cache_when_the_variable_forbids_it_beside_sourc
     assert (prefix / REPO.relative_to("/") / "build_graph").is_dir()
 
 
-def test_a_chosen_prefix_and_the_default_behaviour_are_left_alone(tmp_path):
+def test_a_chosen_prefix_is_used_and_the_default_behaviour_left_alone(tmp_path):
     chosen = tmp_path / "mine"
     p = _run(tmp_path, PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=str(chosen))
     assert p.returncode == 0, p.stderr
     assert _kept(tmp_path) == []
+    assert any(p.name.startswith("cli.") for p in (chosen / REPO.relative_to("/") / "build_graph").glob("*.pyc"))
     p = _run(tmp_path)  # bytecode may be written beside the sources, as Python does
     assert p.returncode == 0, p.stderr
     assert _kept(tmp_path) == []
