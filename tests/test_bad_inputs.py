@@ -249,3 +249,41 @@ def test_an_output_named_in_another_encoding_is_one_line(make_ws):
     run = ws.cli("build", "//p:a")
     assert run.rc != 0 and "output b'd/caf\\xe9' has a name that is not valid UTF-8" in run.stderr, run.output
     assert "Traceback" not in run.output and "TypeError" not in run.output
+
+
+WHEEL_TOOLS = '[host]\nkind = "host_tools"\npaths = ["/usr"]\ntools = ["/usr/bin/sh", "/usr/bin/python3"]\n'
+WHEEL_SDIST = ('[gen]\nkind = "genrule"\nouts = ["x", "w", "ep.txt"]\n'
+               'cmd = "echo x > $OUT/x && mkdir $OUT/w && echo y > $OUT/w/x && printf \'[a]\\\\nb = c:d\\\\n\' > $OUT/ep.txt"\n')
+WHEEL_MISTAKES = {  # target body -> (its attribute named in the error, words of the error)
+    'files = { "../x" = [":gen", "x"] }': ("files", "files['../x']: '../x' is not a path inside the wheel"),
+    'files = { "/abs/x" = [":gen", "x"] }': ("files", "files['/abs/x']: '/abs/x' is not a path inside the wheel"),
+    'libs = { "../l.so" = ":gen" }': ("libs", "libs['../l.so']: '../l.so' is not a path inside the wheel"),
+    'libs = { "w/l.so" = ":gen" }': ("libs", "libs['w/l.so']: :gen provides no shared library"),
+    'dirs = { "/abs" = ":gen" }': ("dirs", "dirs['/abs']: '/abs' is not a path inside the wheel"),
+    'srcs = ["w/x"]\nfiles = { "w/x" = [":gen", "x"] }': ("files", "w/x in the wheel comes from both srcs (w/x) and "
+                                                                   "files['w/x'] (x of :gen)"),
+    'srcs = ["w/x"]\nstrip_prefix = "w"\ntree = ":gen"\ninclude = ["x"]': (
+        "include", "x in the wheel comes from both srcs (w/x) and include (x of :gen)"),
+    'srcs = ["w/x"]\ntree = ":gen"\ntree_dirs = { "w" = "w" }': ("tree_dirs", "w/x in the wheel comes from both srcs "
+                                                                          "(w/x) and tree_dirs['w'] (w/x of :gen)"),
+    'tree = ":gen"\ninclude = ["x"]\nentry_points_from = "ep.txt"\nfiles = { "w-1.dist-info/entry_points.txt" = [":gen", "x"] }': (
+        "files", "w-1.dist-info/entry_points.txt in the wheel comes from both entry_points_from (ep.txt) and files"),
+    'files = { "w-1.dist-info/METADATA" = [":gen", "x"] }': ("files", "is written by the wheel itself"),
+    'srcs = ["w/x"]\nfiles = { "w" = [":gen", "x"] }': ("files", "w in the wheel is a file from files['w'] (x of "
+                                                                 ":gen), and a directory for w/x from srcs (w/x)"),
+}
+
+
+@requires_bwrap
+@pytest.mark.parametrize("body", sorted(WHEEL_MISTAKES))
+def test_a_py_wheel_mistake_names_the_target_and_its_attribute(make_ws, body):
+    """A destination out of the wheel, or two files for one place, is the user's mistake: one line
+    naming the target and the attribute, with a hint, never "a bug in bgraph's rule" (red-team K13, hole 3)."""
+    key, words = WHEEL_MISTAKES[body]
+    ws = make_ws({"targets/toolchains.toml": WHEEL_TOOLS, "w/x": "other\n",
+                  "targets/p.toml": WHEEL_SDIST + f'\n[w]\nkind = "py_wheel"\ndistribution = "w"\nversion = "1"\n{body}\n'})
+    run = ws.cli("build", "//p:w")
+    error = _one_error(run)
+    assert error.startswith(f"error: //p:w (targets/p.toml [w] key '{key}'): "), error
+    assert words in error, error
+    assert "bug in bgraph" not in run.output and "hint:" in run.stderr, run.output

@@ -27,6 +27,7 @@ from pydantic import Field, field_validator
 
 from build_graph.model import TargetOutput, Tree, check_relpath
 from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.wheel_content import Placer
 
 WHEEL_SCRIPT = r'''
 import base64, csv, hashlib, io, os, sys, zipfile
@@ -208,14 +209,20 @@ def _check_abi(ctx: RuleContext, content: Tree) -> None:
                        hint='python_tag = "cp38" and abi_tag = "abi3" for limited-API (*.abi3.so) extensions')
 
 
+def _tree_file(ctx: RuleContext, tree: Tree, path: str, key: str):
+    """The entry at `path` of the tree."""
+    entry = tree.entries.get(path)
+    if entry is None:
+        raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", key)
+    return entry
+
+
 _FOLD = re.compile(r"\r?\n")  # a folded header line: unfold by dropping the line break (RFC 5322)
 
 
 def _metadata(ctx: RuleContext, tree: Tree, path: str, version: str) -> list[str]:
     """Requires-Dist / Requires-Python lines of a PKG-INFO, after checking its Version."""
-    entry = tree.entries.get(path)
-    if entry is None:
-        raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "metadata_from")
+    entry = _tree_file(ctx, tree, path, "metadata_from")
     # PKG-INFO is RFC 822 headers (core metadata): the standard library's parser unfolds them.
     headers = HeaderParser().parsestr(  # compat32, its default (email.policy costs 15 ms to import)
         ctx.read(entry).decode(errors="replace"), headersonly=True)
@@ -230,9 +237,7 @@ def _entry_points(ctx: RuleContext, tree: Tree, path: str):
     reference): a file it cannot parse would make the installed wheel's scripts silently missing."""
     import configparser
 
-    entry = tree.entries.get(path)
-    if entry is None:
-        raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", "entry_points_from")
+    entry = _tree_file(ctx, tree, path, "entry_points_from")
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     try:
         parser.read_string(ctx.read(entry).decode())
@@ -242,10 +247,10 @@ def _entry_points(ctx: RuleContext, tree: Tree, path: str):
     return entry
 
 
-def relocated(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]) -> Tree:
-    """The files below each source directory of `tree_dirs` (wheel directory -> tree directory),
-    placed below its wheel directory, less the paths `exclude` matches (as the tree names them)."""
-    out: dict = {}
+def _relocations(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]):
+    """(wheel path, entry, its tree_dirs key, its path in the tree) for the files below each
+    source directory of `tree_dirs` (wheel directory -> tree directory), less `exclude`."""
+    placed: set[str] = set()
     for dest, src in tree_dirs.items():
         clean = []
         for what, path in (("wheel directory", dest), ("tree directory", src)):
@@ -258,45 +263,71 @@ def relocated(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]) ->
         if not to:
             raise ctx.fail(f"tree_dirs[{dest!r}]: the wheel directory is empty", "tree_dirs")
         below = tree.subtree(under) if under else tree
-        moved = {f"{to}/{p}": e for p, e in below.entries.items()
-                 if not any(fnmatch.fnmatchcase(f"{under}/{p}" if under else p, g) for g in exclude)}
+        moved = [(f"{to}/{p}", e, f"{under}/{p}" if under else p) for p, e in below.entries.items()]
+        moved = [m for m in moved if not any(fnmatch.fnmatchcase(m[2], g) for g in exclude)]
         if not moved:
             raise ctx.fail(f"tree_dirs[{dest!r}]: {src!r} holds no files in {ctx.attrs.tree}", "tree_dirs")
-        clash = out.keys() & moved.keys()
-        if clash:
-            raise ctx.fail(f"tree_dirs[{dest!r}]: {min(clash)} is placed twice", "tree_dirs")
-        out.update(moved)
-    return Tree(out)
+        for to_path, entry, from_path in moved:
+            if to_path in placed:
+                raise ctx.fail(f"tree_dirs[{dest!r}]: {to_path} is placed twice", "tree_dirs")
+            placed.add(to_path)
+            yield to_path, entry, dest, from_path
+
+
+def relocated(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]) -> Tree:
+    """The files below each source directory of `tree_dirs` (wheel directory -> tree directory),
+    placed below its wheel directory, less the paths `exclude` matches (as the tree names them)."""
+    content = Placer(ctx.fail, {})
+    for to_path, entry, dest, from_path in _relocations(ctx, tree, tree_dirs, exclude):
+        content.place(to_path, entry, f"tree_dirs[{dest!r}]", "tree_dirs", tree, from_path)
+    return content.tree()
+
+
+def _wheel_path(ctx: RuleContext, attr: str, dest: str) -> str:
+    """A path inside the wheel named by a key of `attr` (files, libs, dirs), normalised."""
+    try:
+        return check_relpath(dest.rstrip("/"))
+    except ValueError:
+        raise ctx.fail(f"{attr}[{dest!r}]: {dest!r} is not a path inside the wheel", attr,
+                       hint="name a relative path inside the wheel, such as pkg/data/x (no leading '/', "
+                            "no '..')") from None
 
 
 def plan_py_wheel(ctx: RuleContext) -> PlanGen:
     a = ctx.attrs
+    info = f"{a.distribution}-{a.version}.dist-info"
+    content = Placer(ctx.fail, {f"{info}/{n}": "written by the wheel itself (its dist-info)"
+                                for n in ("METADATA", "WHEEL", "RECORD")})
     prefix = a.strip_prefix.strip("/")
-    content = ctx.sources.subtree(prefix) if prefix else ctx.sources
+    for p, e in (ctx.sources.subtree(prefix) if prefix else ctx.sources).entries.items():
+        full = f"{prefix}/{p}" if prefix else p
+        content.place(p, e, f"srcs ({full})", "srcs", ctx.sources, full)
     for dest, label in a.libs.items():
-        lib = ctx.dep(label, "libs")
+        where, lib = _wheel_path(ctx, "libs", dest), ctx.dep(label, "libs")
         so = lib.info.get("shared_library")
         if not so:
-            raise ctx.fail(f"{label} provides no shared library", "libs")
-        content = content.merged(Tree({dest: lib.tree.entries[so]}))
+            raise ctx.fail(f"libs[{dest!r}]: {label} provides no shared library", "libs",
+                           hint="name a cc_shared_library target (or ship another output with `files`)")
+        content.place(where, lib.tree.entries[so], f"libs[{dest!r}] ({label})", "libs", lib.tree, so)
     requires = [f"Requires-Dist: {r}" for r in a.requires]
     if a.tree:
         tree = ctx.dep(a.tree, "tree").tree
-        picked = Tree({p: e for p, e in tree.entries.items()
-                       if any(fnmatch.fnmatchcase(p, g) for g in a.include)
-                       and not any(fnmatch.fnmatchcase(p, g) for g in a.exclude)})
-        if not picked.entries and (a.include or not a.tree_dirs):
+        picked = {p: e for p, e in tree.entries.items()
+                  if any(fnmatch.fnmatchcase(p, g) for g in a.include)
+                  and not any(fnmatch.fnmatchcase(p, g) for g in a.exclude)}
+        if not picked and (a.include or not a.tree_dirs):
             raise ctx.fail(f"include {a.include} selects nothing from {a.tree}", "include")
-        content = content.merged(picked)
-        try:
-            content = content.merged(relocated(ctx, tree, a.tree_dirs, a.exclude))
-        except ValueError as e:
-            raise ctx.fail(f"tree_dirs: {e}", "tree_dirs") from None
+        for p, e in picked.items():
+            content.place(p, e, f"include ({p} of {a.tree})", "include", tree, p)
+        for to_path, entry, dest, from_path in _relocations(ctx, tree, a.tree_dirs, a.exclude):
+            content.place(to_path, entry, f"tree_dirs[{dest!r}] ({from_path} of {a.tree})", "tree_dirs",
+                          tree, from_path)
         if a.metadata_from:
             requires += _metadata(ctx, tree, a.metadata_from, a.version)
         if a.entry_points_from:
-            content = content.merged(Tree({f"{a.distribution}-{a.version}.dist-info/entry_points.txt":
-                                           _entry_points(ctx, tree, a.entry_points_from)}))
+            content.place(f"{info}/entry_points.txt", _entry_points(ctx, tree, a.entry_points_from),
+                          f"entry_points_from ({a.entry_points_from})", "entry_points_from", tree,
+                          a.entry_points_from)
     elif a.tree_dirs:
         raise ctx.fail("tree_dirs names directories of `tree`, and no tree is given", "tree_dirs")
     for dest, ref in a.files.items():
@@ -304,16 +335,17 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
             raise ctx.fail(f"files[{dest!r}] must be [label, path]", "files")
         out = ctx.dep(ref[0], "files").tree
         if ref[1] not in out.entries:
-            raise ctx.fail(f"{ref[0]} has no output {ref[1]!r}", "files")
-        content = content.merged(Tree({dest: out.entries[ref[1]]}))
+            raise ctx.fail(f"files[{dest!r}]: {ref[0]} has no output {ref[1]!r}", "files")
+        content.place(_wheel_path(ctx, "files", dest), out.entries[ref[1]], f"files[{dest!r}] ({ref[1]} of {ref[0]})",
+                      "files", out, ref[1])
     for dest, label in a.dirs.items():
         out = ctx.dep(label, "dirs").tree
         if not out.entries:
             raise ctx.fail(f"{label} has no output files", "dirs")
-        try:
-            content = content.merged(Tree({f"{dest.strip('/')}/{p}": e for p, e in out.entries.items()}))
-        except ValueError as e:
-            raise ctx.fail(f"dirs[{dest!r}]: {e}", "dirs") from None
+        where = _wheel_path(ctx, "dirs", dest)
+        for p, e in out.entries.items():
+            content.place(f"{where}/{p}", e, f"dirs[{dest!r}] ({p} of {label})", "dirs", out, p)
+    content = content.tree()
     _check_abi(ctx, content)
     platform_tag, why = ("any" if a.pure else f"linux_{ctx.platform}"), ""
     libs = Tree({p: e for p, e in content.entries.items() if _shared_library(p)})
