@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bgraph_testlib import requires_bwrap
 from build_graph.errors import PlanError
 from build_graph.model import FileEntry, Tree
 from build_graph.rules.py_wheel import WHEEL_SCRIPT, _check_abi, _entry_points, _metadata, audited_tag
@@ -195,3 +196,106 @@ def test_tree_dirs_bad_input_names_the_key(tree_dirs, error):
     with pytest.raises(PlanError, match=error) as e:
         relocated(_tree_ctx(), sdist, tree_dirs, [])
     assert e.value.where == "tree_dirs"
+
+
+def _linked_sdist() -> Tree:
+    """An sdist with links: csrc/a.h -> ../include/a.h (out of the relocated directory), a chain,
+    a link through a directory link, and links that name no file of the tree."""
+    from build_graph.model import SymlinkEntry
+
+    f = lambda n, x=False: FileEntry(n * 64, 1, x)  # noqa: E731
+    return Tree({"include/a.h": f("a"), "other/a.h": f("b"), "csrc/sub/s.h": f("c"), "csrc/run.sh": f("d", True),
+                 "csrc/a.h": SymlinkEntry("../include/a.h"), "csrc/alias": SymlinkEntry("sub"),
+                 "csrc/chain.h": SymlinkEntry("a.h"), "csrc/via.h": SymlinkEntry("alias/s.h"),
+                 "csrc/tool": SymlinkEntry("./run.sh"),
+                 "bad/dir": SymlinkEntry("../csrc/sub"), "bad/root": SymlinkEntry(".."),
+                 "bad/out": SymlinkEntry("../../etc/passwd"), "bad/abs": SymlinkEntry("/etc/passwd"),
+                 "bad/dangling": SymlinkEntry("nothing.h"), "bad/through_file": SymlinkEntry("../include/a.h/x"),
+                 "bad/loop1": SymlinkEntry("loop2"), "bad/loop2": SymlinkEntry("loop1")})
+
+
+def test_a_link_is_resolved_in_its_own_tree_as_the_file_system_would():
+    from build_graph.rules.wheel_content import resolve
+
+    sdist = _linked_sdist()
+    assert resolve(sdist, "csrc/a.h") == ("include/a.h", sdist.entries["include/a.h"])
+    assert resolve(sdist, "csrc/chain.h")[0] == "include/a.h"
+    assert resolve(sdist, "csrc/via.h")[0] == "csrc/sub/s.h"
+    assert resolve(sdist, "csrc/tool")[1].executable
+
+
+@pytest.mark.parametrize("link, error", [
+    ("bad/dir", r"points to a directory \(csrc/sub\)"),
+    ("bad/root", r"points to a directory \(the root of the tree\)"),
+    ("bad/out", "points outside the tree"),
+    ("bad/abs", "points outside the tree .*/etc/passwd"),
+    ("bad/dangling", "dangles: bad/nothing.h is not in the tree"),
+    ("bad/through_file", "dangles: include/a.h is a file, not a directory"),
+    ("bad/loop1", "is a loop of links"),
+])
+def test_a_link_that_names_no_file_of_its_tree_is_refused(link, error):
+    from build_graph.rules.wheel_content import LinkError, resolve
+
+    with pytest.raises(LinkError, match=error):
+        resolve(_linked_sdist(), link)
+
+
+def test_tree_dirs_ship_what_a_link_names_in_the_tree_not_at_its_new_place():
+    """csrc/a.h -> ../include/a.h moved to pkg/data/csrc/a.h would name pkg/data/include/a.h (another
+    file, or none): it ships include/a.h's bytes and mode, as setuptools copies it (red-team K13, hole 4)."""
+    from build_graph.rules.py_wheel import relocated
+
+    sdist = _linked_sdist()
+    got = relocated(_tree_ctx(), sdist, {"pkg/data/csrc": "csrc", "pkg/data/include": "other"}, ["csrc/alias"])
+    assert got.entries["pkg/data/csrc/a.h"] == sdist.entries["include/a.h"]
+    assert got.entries["pkg/data/csrc/chain.h"] == sdist.entries["include/a.h"]
+    assert got.entries["pkg/data/csrc/via.h"] == sdist.entries["csrc/sub/s.h"]
+    assert got.entries["pkg/data/csrc/tool"] == sdist.entries["csrc/run.sh"]
+    assert got.entries["pkg/data/include/a.h"] == sdist.entries["other/a.h"]
+    assert all(isinstance(e, FileEntry) for e in got.entries.values())
+    with pytest.raises(PlanError, match=r"tree_dirs\['pkg/data/csrc'\]: the link csrc/alias -> sub points to a "
+                                        r"directory") as e:
+        relocated(_tree_ctx(), sdist, {"pkg/data/csrc": "csrc"}, [])
+    assert e.value.where == "tree_dirs"
+
+
+WHEEL_TOOLS = '[host]\nkind = "host_tools"\npaths = ["/usr"]\ntools = ["/usr/bin/sh", "/usr/bin/python3"]\n'
+LINKED_SDIST = """[sdist]
+kind = "genrule"
+outs = ["csrc", "include", "other", "pkg"]
+cmd = "mkdir -p $OUT/csrc/sub $OUT/include $OUT/other $OUT/pkg && echo REAL > $OUT/include/a.h && echo WRONG > $OUT/other/a.h && printf '#!/bin/sh\\\\n' > $OUT/include/run.sh && chmod +x $OUT/include/run.sh && ln -s ../include/a.h $OUT/csrc/a.h && ln -s ../include/run.sh $OUT/csrc/run.sh && echo s > $OUT/csrc/sub/s.h && ln -s sub $OUT/csrc/alias && echo x > $OUT/pkg/__init__.py && ln -s ../include/a.h $OUT/pkg/a.h"
+
+[w]
+kind = "py_wheel"
+distribution = "demo"
+version = "1.0"
+tree = ":sdist"
+include = ["pkg/**"]
+exclude = ["csrc/alias"]
+tree_dirs = { "pkg/data/csrc" = "csrc", "pkg/data/include" = "other" }
+files = { "pkg/b.h" = [":sdist", "csrc/a.h"] }
+"""
+
+
+@requires_bwrap
+def test_a_wheel_ships_what_its_links_name_in_their_trees(make_ws):
+    """tree_dirs, include and files each take a link out of its place: the wheel holds the bytes and
+    mode of the file the link names in its own tree (REAL, not the WRONG file at the new place; a
+    traceback from the wheel script before), and a link to a directory is refused at planning."""
+    ws = make_ws({"targets/toolchains.toml": WHEEL_TOOLS, "targets/p.toml": LINKED_SDIST})
+    run = ws.cli("build", "//p:w")
+    assert run.rc == 0, run.output
+    [wheel] = (ws.root / "bgraph-out" / "p" / "w").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        got = {i.filename: (zf.read(i).decode(), i.external_attr >> 16) for i in zf.infolist()}
+    for name in ("pkg/data/csrc/a.h", "pkg/a.h", "pkg/b.h"):
+        assert got[name] == ("REAL\n", 0o100644), name
+    assert got["pkg/data/csrc/run.sh"] == ("#!/bin/sh\n", 0o100755)
+    assert got["pkg/data/include/a.h"][0] == "WRONG\n"  # other/a.h, mapped there on purpose
+    assert got["pkg/data/csrc/sub/s.h"][0] == "s\n" and not any("alias" in n for n in got)
+    ws.write({"targets/p.toml": LINKED_SDIST.replace('exclude = ["csrc/alias"]\n', "")})
+    run = ws.cli("build", "//p:w")
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert run.rc != 0 and "Traceback" not in run.output and len(errors) == 1, run.output
+    assert errors[0].startswith("error: //p:w (targets/p.toml [w] key 'tree_dirs'): ") and \
+        "the link csrc/alias -> sub points to a directory (csrc/sub)" in errors[0], errors[0]

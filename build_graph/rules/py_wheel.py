@@ -25,9 +25,9 @@ from email.parser import HeaderParser
 
 from pydantic import Field, field_validator
 
-from build_graph.model import TargetOutput, Tree, check_relpath
+from build_graph.model import SymlinkEntry, TargetOutput, Tree, check_relpath
 from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
-from build_graph.rules.wheel_content import Placer
+from build_graph.rules.wheel_content import LinkError, Placer, resolve
 
 WHEEL_SCRIPT = r'''
 import base64, csv, hashlib, io, os, sys, zipfile
@@ -210,10 +210,16 @@ def _check_abi(ctx: RuleContext, content: Tree) -> None:
 
 
 def _tree_file(ctx: RuleContext, tree: Tree, path: str, key: str):
-    """The entry at `path` of the tree."""
+    """The file at `path` of the tree (a link there: the file it names in the tree)."""
     entry = tree.entries.get(path)
     if entry is None:
         raise ctx.fail(f"{path} is not in {ctx.attrs.tree}", key)
+    if isinstance(entry, SymlinkEntry):
+        try:
+            entry = resolve(tree, path)[1]
+        except LinkError as e:
+            raise ctx.fail(f"the link {path} -> {entry.target} in {ctx.attrs.tree} {e}", key,
+                           hint="name the file itself") from None
     return entry
 
 
@@ -276,7 +282,8 @@ def _relocations(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str])
 
 def relocated(ctx, tree: Tree, tree_dirs: dict[str, str], exclude: list[str]) -> Tree:
     """The files below each source directory of `tree_dirs` (wheel directory -> tree directory),
-    placed below its wheel directory, less the paths `exclude` matches (as the tree names them)."""
+    placed below its wheel directory, less the paths `exclude` matches (as the tree names them);
+    a link is shipped as the file of `tree` it names (wheel_content.resolve)."""
     content = Placer(ctx.fail, {})
     for to_path, entry, dest, from_path in _relocations(ctx, tree, tree_dirs, exclude):
         content.place(to_path, entry, f"tree_dirs[{dest!r}]", "tree_dirs", tree, from_path)

@@ -1,8 +1,77 @@
-"""What a wheel holds, gathered from several trees: each path placed once."""
+"""What a wheel holds, gathered from several trees: each path placed once, and no symlinks.
+
+A wheel (a zip) cannot hold a symlink, and the wheel script reads its input tree in the
+sandbox, where a link taken out of its tree (tree_dirs, files, include) would be followed at
+its new place: dangling there, or naming another file. So every link is resolved here, at plan
+time, against the tree it came from, as the file system would follow it; a link to a file
+ships that file's bytes and mode, and anything else (a directory, a path out of the tree, a
+dangling link, a loop) is refused with its name.
+"""
 
 from __future__ import annotations
 
-from build_graph.model import DirEntry, Entry, Tree
+from build_graph.model import DirEntry, Entry, FileEntry, SymlinkEntry, Tree
+
+MAX_HOPS = 40  # as Linux: more links than this on one path is ELOOP
+
+
+class LinkError(ValueError):
+    """A link that does not name a file of its own tree."""
+
+
+def _directories(tree: Tree) -> set[str]:
+    """Every directory of `tree`, its root ("") included (memoized on the tree: several links share it)."""
+    dirs = tree.__dict__.get("_wheel_dirs")
+    if dirs is None:
+        dirs = {""}
+        for path, entry in tree.entries.items():
+            if isinstance(entry, DirEntry):
+                dirs.add(path)
+            cut = path.rfind("/")
+            while cut > 0 and (parent := path[:cut]) not in dirs:
+                dirs.add(parent)
+                cut = path.rfind("/", 0, cut)
+        tree.__dict__["_wheel_dirs"] = dirs
+    return dirs
+
+
+def resolve(tree: Tree, path: str) -> tuple[str, FileEntry]:
+    """(path, entry) of the file that `path` names in `tree`, following links on the way as the
+    file system would; LinkError says why there is none."""
+    todo = path.split("/")[::-1]  # components still to walk, the next one last
+    done: list[str] = []  # the directories walked so far, links already followed
+    hops = 0
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not done:
+                raise LinkError("points outside the tree")
+            done.pop()
+            continue
+        here = "/".join((*done, part))
+        entry = tree.entries.get(here)
+        if isinstance(entry, SymlinkEntry):
+            hops += 1
+            if hops > MAX_HOPS:
+                raise LinkError("is a loop of links")
+            if entry.target.startswith("/"):
+                raise LinkError(f"points outside the tree (to the absolute path {entry.target})")
+            todo.extend(entry.target.split("/")[::-1])
+            continue
+        if isinstance(entry, FileEntry):
+            if any(rest not in ("", ".") for rest in todo):
+                raise LinkError(f"dangles: {here} is a file, not a directory")
+        elif here not in _directories(tree):
+            raise LinkError(f"dangles: {here} is not in the tree")
+        done.append(part)
+    found = "/".join(done)
+    entry = tree.entries.get(found)
+    if not isinstance(entry, FileEntry):
+        raise LinkError(f"points to a directory ({found or 'the root of the tree'})")
+    return found, entry
+
 
 class Placer:
     """The wheel's paths, each with the file it holds and where that came from: a path placed
@@ -16,7 +85,14 @@ class Placer:
         self.reserved = reserved  # paths the wheel script writes itself -> why
 
     def place(self, path: str, entry: Entry, origin: str, key: str, source: Tree, source_path: str) -> None:
-        """Put `entry` (`source_path` of the tree `source`) at `path`."""
+        """Put `entry` (`source_path` of the tree `source`) at `path`; a link is resolved in `source`."""
+        if isinstance(entry, SymlinkEntry):
+            try:
+                _found, entry = resolve(source, source_path)
+            except LinkError as e:
+                raise self.fail(f"{origin}: the link {source_path} -> {entry.target} {e}; a wheel holds no "
+                                "links, so each ships the file it names in its own tree", key,
+                                hint="point the link at a file of the same tree, or leave it out") from None
         if path in self.reserved:
             raise self.fail(f"{origin}: {path} is {self.reserved[path]}", key,
                             hint="leave it out: the wheel writes its own dist-info files")
