@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from build_graph import archive, configs
-from build_graph.errors import ActionFailed, BgraphError
-from build_graph.graph import dependency_map
 from build_graph.configs import Configured
+from build_graph.errors import ActionFailed, BgraphError, StoreError
+from build_graph.graph import dependency_map
 from build_graph.labels import Label
 from build_graph.model import Action, ActionResult, Digester, HostTool, Tree
 from build_graph.profile import Profile
 from build_graph.rebuilder import Rebuilder
 from build_graph.scheduler import Later
-from build_graph.store import atomic
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
@@ -294,15 +293,25 @@ class Engine:
 
     def link_outputs(self, result: BuildResult, out_dir: Path) -> dict[str, Path]:
         """bgraph-out/<Configured.out_path()> -> the materialized output of each requested target."""
+        from build_graph.store import outlinks
+
+        linked = [label for label in result.requested if label in result.outputs]
+        clash = outlinks.overlap([label.out_path() for label in linked])
+        if clash is not None:
+            a, b = (next(str(x) for x in linked if x.out_path() == rel) for rel in clash)
+            raise StoreError(f"the output links of {a} (bgraph-out/{clash[0]}) and {b} (bgraph-out/{clash[1]}) "
+                             "overlap: one would lie inside the other's output",
+                             hint="build them in separate commands, or rename one of them (a target named like "
+                                  "a package, or a root target named like a platform)")
         links = {}
-        for label in result.requested:
-            if label not in result.outputs:
-                continue
+        for label in linked:
             tree = result.outputs[label].tree
             self.cas.put_tree(tree)  # so `bgraph cache gc` can keep the blobs of a rooted tree
             path = self.cas.materialize(tree)
+            # Never through a link below bgraph-out/: an older output link on the way would lead
+            # into a stored output tree (outlinks.py).
+            outlinks.place(out_dir, label.out_path(), str(path))
             link = out_dir / label.out_path()
-            atomic.symlink(link, path)
             self.cas.add_root(link)
             links[str(label)] = link
         # Materializing linked blobs and moved their ctimes after the build saved its stamps:

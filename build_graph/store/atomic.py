@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,6 @@ def write_json(dest: Path, value: Any, tmp_dir: Path, sort_keys: bool = False, i
     second to write it."""
     options = orjson.OPT_NON_STR_KEYS | (orjson.OPT_SORT_KEYS if sort_keys else 0) | (orjson.OPT_INDENT_2 if indent else 0)
     write_bytes(dest, orjson.dumps(value, option=options), tmp_dir)
-
-
-def symlink(link: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Point `link` at `target`: a new link made beside it (its directory made if missing) and
-    renamed over the old one, so two processes linking at once, or a reader, never find it
-    missing (unlink-then-symlink raced: FileExistsError)."""
-    link = os.fspath(link)
-    parent, name = os.path.split(link)
-    os.makedirs(parent, exist_ok=True)
-    fresh = os.path.join(parent, f".{name}.{os.getpid()}.{threading.get_ident()}")
-    if os.path.lexists(fresh):
-        os.unlink(fresh)
-    os.symlink(target, fresh)
-    os.replace(fresh, link)
 
 
 def write_bytes(dest: Path, data: bytes, tmp_dir: Path | None = None) -> None:

@@ -47,7 +47,6 @@ import orjson
 from build_graph.incremental import filestate
 from build_graph.incremental.filestate import Stamp
 from build_graph.roots import OUT_DIR, UNSCANNED_DIRS
-from build_graph.store import atomic
 from build_graph.store.atomic import write_bytes
 
 if TYPE_CHECKING:
@@ -164,20 +163,29 @@ def restore_links(record: Record, layout_root: Path) -> int | None:
     returns how many, or None where one cannot be restored (the build relinks it). Checked again
     after relinking, under the cache's gc lock, against the generation: a collection that ran
     meanwhile (it may have taken a tree no link rooted) makes this None."""
+    from build_graph.errors import BgraphError
+    from build_graph.store import outlinks
+
+    # Read and made through bgraph-out/ without following a link below it (outlinks.py).
+    base = os.path.join(record.root, OUT_DIR)
     missing = []
     for link, target in record.links.items():
-        try:
-            if os.readlink(link) == target:
-                continue
-            return None  # re-pointed by another build since: what it links is that build's word
-        except FileNotFoundError:
-            missing.append((link, target))
-        except OSError:
+        rel = os.path.relpath(link, base)
+        if rel.startswith("../") or rel == "..":
             return None
+        found = outlinks.read(base, rel)
+        if found == target:
+            continue
+        if found is not None or os.path.lexists(link):
+            return None  # re-pointed by another build since, or something else there: the build decides
+        missing.append((rel, target))
     if not all(stamp_of(p) == s for p, s in record.outputs.items()):
         return None
-    for link, target in missing:
-        atomic.symlink(link, target)
+    for rel, target in missing:
+        try:
+            outlinks.place(base, rel, target)
+        except (OSError, BgraphError):
+            return None
     generation = str(generation_path(layout_root))
     if generation not in record.extra:  # a record of another cache
         return None
