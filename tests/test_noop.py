@@ -415,7 +415,7 @@ def _tool_ws(make_ws, tmp_path, cmd: str):
     tool.write_text("#!/bin/sh\necho tool-v1\n")
     tool.chmod(0o755)
     ws = make_ws({**FILES, "b.txt": "b\n",
-                  "targets/toolchains.toml": f'[host]\nkind = "host_tools"\npaths = ["/usr", "{tools}"]\n'
+                  "targets/toolchains.toml": f'[host]\nkind = "host_tools"\npaths = ["/usr"]\n'
                                              f'tools = ["/usr/bin/sh", "{tool}"]\n',
                   "targets/t.toml": f'[x]\nkind = "genrule"\nsrcs = ["in.txt"]\nouts = ["x.txt"]\n'
                                     f'cmd = "{cmd}"\n\n'

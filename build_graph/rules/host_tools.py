@@ -1,4 +1,15 @@
-"""host_tools: host binaries an action may use, identified by path, version and digest."""
+"""host_tools: host binaries an action may use, identified by path, version and digest.
+
+Only the listed tools are keyed (path, `--version` line, content digest), as Bazel keys its host
+toolchains. The directories in `paths` are mounted read-only, and their content is part of no key
+beyond the probed tools' path, version and digest: changing a file there that no listed tool is
+(a shared library, a script's helper, a Python module) does not rebuild anything. List every file
+an action needs that can change as a tool, or make it a pinned input. So `paths` may only name
+the system's installation directories (SYSTEM_DIRS, SYSTEM_TOP), where tools and their libraries
+live; data an action reads is a source or a pinned input, whose content is keyed, and a tool
+elsewhere (a script in a home or scratch directory) is listed in `tools` alone: it is mounted by
+itself, at its path.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +23,26 @@ from build_graph.rules.base import Attrs, PlanGen, RuleContext
 
 _LIVE_DIRS = ("/run", "/var/run", "/dev", "/proc", "/sys")  # and below them
 _SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/var")  # themselves (every user's sockets lie there)
+# Where a system installs its programs and their libraries: all that `paths` may mount (hashing
+# them is out of the question: /usr alone is ~140,000 files, ~2 CPU-s of lstat per build).
+SYSTEM_DIRS = ("/usr", "/etc", "/opt")  # and below them
+SYSTEM_TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # themselves (merged-/usr links)
+
+
+def _system_dir(path: str) -> bool:
+    """Whether `path` (normalised) is a system installation directory that `paths` may mount."""
+    return path in SYSTEM_TOP or any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
 class HostToolsAttrs(Attrs):
-    paths: list[str] = Field(["/usr"], description="host directories mounted read-only into the sandbox")
-    tools: list[str] = Field(description="absolute paths of the binaries used; their identity joins the key")
+    """Host tools: `tools` keyed by path, version and digest; `paths` (system directories only)
+    mounted, their other content keyed nowhere (see the module's docstring)."""
+
+    paths: list[str] = Field(["/usr"], description="system directories (/usr, /etc, /opt and below; /bin, /sbin, "
+                                                   "/lib*) mounted read-only into the sandbox; their content joins "
+                                                   "no key beyond the listed tools")
+    tools: list[str] = Field(description="absolute paths of the binaries used; their identity joins the key (one "
+                                         "outside the system directories is mounted by itself)")
 
     @field_validator("paths", "tools")
     @classmethod
@@ -38,10 +64,31 @@ class HostToolsAttrs(Attrs):
                                  "tools themselves (such as /usr)")
         return v
 
+    @field_validator("paths")
+    @classmethod
+    def _system_only(cls, v: list[str]) -> list[str]:
+        # What is under a mounted path is read unkeyed (only `tools` are probed): a data file there
+        # edited would be served from the cache as up to date. A link (/opt/x -> /home/...) is
+        # judged by where it leads, which is what the mount shows.
+        from build_graph.workspace import HINT  # (workspace imports the rules)
+
+        for p in v:
+            norm = os.path.normpath(p)
+            if not (_system_dir(norm) and _system_dir(os.path.realpath(norm))):
+                raise ValueError(
+                    f"{p!r} is not a system installation directory (/usr, /etc, /opt or below them; /bin, /sbin, "
+                    "/lib*): what an action reads under it joins no key, so an edit there would not rebuild"
+                    + HINT + "list a program from there in `tools` (it is keyed, and mounted by itself); make "
+                    "data a source or a pinned input")
+        return v
+
 
 def plan_host_tools(ctx: RuleContext) -> PlanGen:
-    """Probe the declared tools (path, version line, content digest); run no action."""
+    """Probe the declared tools (path, version line, content digest); run no action. A tool
+    outside the system directories (which `paths` may mount) is mounted as itself, a file: it is
+    keyed, and the rest of its directory stays out of the sandbox."""
     tools = ctx.probe_host(tuple(ctx.attrs.tools))
-    return TargetOutput(EMPTY_TREE, {"host_paths": list(ctx.attrs.paths),
+    alone = [t for t in ctx.attrs.tools if not _system_dir(os.path.dirname(os.path.normpath(t)))]
+    return TargetOutput(EMPTY_TREE, {"host_paths": list(ctx.attrs.paths) + alone,
                                      "host_tools": [[t.path, t.version, t.digest] for t in tools]})
     yield  # pragma: no cover - makes this a generator
