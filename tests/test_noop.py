@@ -460,3 +460,15 @@ def test_a_host_tool_replaced_while_its_action_runs_leaves_no_result(make_ws, tm
     assert proc.returncode != 0 and "changed while the action ran" in err, err
     run = build(ws, "//t:x")
     assert "executed 1" in run.stderr and ws.read_output("//t:x", "x.txt") == "tool-v2\n"
+
+
+def test_an_output_holding_a_link_is_recorded(make_ws):
+    """A link in an output (`lib.so -> lib.so.1`, every toolchain tree) stamps the file it leads
+    to with the link's text: that stamp is no blob's, and taking it for one left every build of
+    such a target without a record (each took the full path)."""
+    ws = make_ws({**FILES, "targets/l.toml": '[l]\nkind = "genrule"\nouts = ["o", "sub/l"]\n'
+                                            'cmd = "echo hi > $OUT/o && ln -s ../o $OUT/sub/l"\n'})
+    age(ws.root)
+    assert UP_TO_DATE not in build(ws, "//l:l").stderr
+    assert UP_TO_DATE in build(ws, "//l:l").stderr
+    assert (ws.root / "bgraph-out" / "l" / "l" / "sub" / "l").read_text() == "hi\n"

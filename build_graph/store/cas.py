@@ -758,10 +758,13 @@ class LocalCas:
 
     def stamped_good(self, stamps) -> bool:
         """Whether every regular file among `stamps` (of materialized files: a hard link's stat
-        is its blob's) has the stamp its blob was last hashed good under."""
+        is its blob's) has the stamp its blob was last hashed good under. A link's stamp (the
+        file it leads to, with the link's text) is not a blob's: the file it leads to inside the
+        output is checked as its own entry (comparing the link's stamp too, texts and all, failed
+        every output holding a link, `lib.so -> lib.so.1`, so such builds never recorded)."""
         with self._stamp_lock:
             good = {tuple(s) for s in self._stamps.table.values()}
-        return all(tuple(s) in good for s in stamps if s is not None and stat.S_ISREG(s[4]))
+        return all(tuple(s) in good for s in stamps if s is not None and stat.S_ISREG(s[4]) and not s[5])
 
     def verify_tree(self, tree: Tree) -> list[str]:
         """Paths in `tree` whose blobs are missing or corrupted (bad ones are removed)."""
