@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 
 from build_graph.model import SymlinkEntry, TargetOutput, Tree, check_relpath
 from build_graph.rules.base import Attrs, PlanGen, RuleContext, labels_in
-from build_graph.rules.wheel_content import LinkError, Placer, resolve
+from build_graph.rules.wheel_content import HERE, LinkError, Placer, resolve
 
 WHEEL_SCRIPT = r'''
 import base64, csv, hashlib, io, os, sys, zipfile
@@ -307,8 +307,7 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
                                 for n in ("METADATA", "WHEEL", "RECORD")})
     prefix = a.strip_prefix.strip("/")
     for p, e in (ctx.sources.subtree(prefix) if prefix else ctx.sources).entries.items():
-        full = f"{prefix}/{p}" if prefix else p
-        content.place(p, e, f"srcs ({full})", "srcs", ctx.sources, full)
+        content.place(p, e, f"srcs ({HERE})", "srcs", ctx.sources, f"{prefix}/{p}" if prefix else p)
     for dest, label in a.libs.items():
         where, lib = _wheel_path(ctx, "libs", dest), ctx.dep(label, "libs")
         so = lib.info.get("shared_library")
@@ -324,11 +323,12 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
                   and not any(fnmatch.fnmatchcase(p, g) for g in a.exclude)}
         if not picked and (a.include or not a.tree_dirs):
             raise ctx.fail(f"include {a.include} selects nothing from {a.tree}", "include")
+        origin = f"include ({HERE} of {a.tree})"
         for p, e in picked.items():
-            content.place(p, e, f"include ({p} of {a.tree})", "include", tree, p)
+            content.place(p, e, origin, "include", tree, p)
+        origins = {dest: f"tree_dirs[{dest!r}] ({HERE} of {a.tree})" for dest in a.tree_dirs}
         for to_path, entry, dest, from_path in _relocations(ctx, tree, a.tree_dirs, a.exclude):
-            content.place(to_path, entry, f"tree_dirs[{dest!r}] ({from_path} of {a.tree})", "tree_dirs",
-                          tree, from_path)
+            content.place(to_path, entry, origins[dest], "tree_dirs", tree, from_path)
         if a.metadata_from:
             requires += _metadata(ctx, tree, a.metadata_from, a.version)
         if a.entry_points_from:
@@ -350,8 +350,9 @@ def plan_py_wheel(ctx: RuleContext) -> PlanGen:
         if not out.entries:
             raise ctx.fail(f"{label} has no output files", "dirs")
         where = _wheel_path(ctx, "dirs", dest)
+        origin = f"dirs[{dest!r}] ({HERE} of {label})"
         for p, e in out.entries.items():
-            content.place(f"{where}/{p}", e, f"dirs[{dest!r}] ({p} of {label})", "dirs", out, p)
+            content.place(f"{where}/{p}", e, origin, "dirs", out, p)
     content = content.tree()
     _check_abi(ctx, content)
     platform_tag, why = ("any" if a.pure else f"linux_{ctx.platform}"), ""

@@ -73,16 +73,24 @@ def resolve(tree: Tree, path: str) -> tuple[str, FileEntry]:
     return found, entry
 
 
+HERE = "\0"  # in an origin, stands for the path in the source tree (no path or label holds a NUL)
+
+
 class Placer:
     """The wheel's paths, each with the file it holds and where that came from: a path placed
     twice with different content, or a file where another entry needs a directory, is refused
-    naming both places (`fail(message, key)` makes the error)."""
+    naming both places (`fail(message, key)` makes the error). An origin is text, with HERE where
+    the path in its source tree goes: formatted only for an error (a tree has thousands of paths)."""
 
     def __init__(self, fail, reserved: dict[str, str]):
         self.fail = fail
         self.entries: dict[str, Entry] = {}
-        self.origins: dict[str, tuple[str, str]] = {}  # path -> (what placed it, its attribute)
+        self.origins: dict[str, tuple[str, str, str]] = {}  # path -> (origin, attribute, path in the source)
         self.reserved = reserved  # paths the wheel script writes itself -> why
+
+    def _origin(self, path: str) -> str:
+        origin, _key, source_path = self.origins[path]
+        return origin.replace(HERE, source_path)
 
     def place(self, path: str, entry: Entry, origin: str, key: str, source: Tree, source_path: str) -> None:
         """Put `entry` (`source_path` of the tree `source`) at `path`; a link is resolved in `source`."""
@@ -90,29 +98,33 @@ class Placer:
             try:
                 _found, entry = resolve(source, source_path)
             except LinkError as e:
-                raise self.fail(f"{origin}: the link {source_path} -> {entry.target} {e}; a wheel holds no "
-                                "links, so each ships the file it names in its own tree", key,
+                raise self.fail(f"{origin.replace(HERE, source_path)}: the link {source_path} -> {entry.target} "
+                                f"{e}; a wheel holds no links, so each ships the file it names in its own tree", key,
                                 hint="point the link at a file of the same tree, or leave it out") from None
         if path in self.reserved:
-            raise self.fail(f"{origin}: {path} is {self.reserved[path]}", key,
+            raise self.fail(f"{origin.replace(HERE, source_path)}: {path} is {self.reserved[path]}", key,
                             hint="leave it out: the wheel writes its own dist-info files")
         old = self.entries.get(path)
         if old is not None and old != entry:
-            raise self.fail(f"{path} in the wheel comes from both {self.origins[path][0]} and {origin}", key,
+            raise self.fail(f"{path} in the wheel comes from both {self._origin(path)} and "
+                            f"{origin.replace(HERE, source_path)}", key,
                             hint="give each path of the wheel one file: drop one of them, or place it elsewhere")
         self.entries[path] = entry
-        self.origins.setdefault(path, (origin, key))
+        if old is None:
+            self.origins[path] = (origin, key, source_path)
 
     def tree(self) -> Tree:
         """The wheel's content, after checking that no file stands where a directory must be."""
+        parents: set[str] = set()
         for path in self.entries:
             cut = path.rfind("/")
-            while cut > 0:
-                above = self.entries.get(path[:cut])
-                if above is not None and not isinstance(above, DirEntry):
-                    origin, key = self.origins[path[:cut]]
-                    raise self.fail(f"{path[:cut]} in the wheel is a file from {origin}, and a directory "
-                                    f"for {path} from {self.origins[path][0]}", key,
-                                    hint="give the file and the directory different paths")
+            while cut > 0 and (parent := path[:cut]) not in parents:
+                parents.add(parent)
                 cut = path.rfind("/", 0, cut)
+        for above in sorted(parents & self.entries.keys()):
+            if not isinstance(self.entries[above], DirEntry):
+                below = next(p for p in sorted(self.entries) if p.startswith(above + "/"))
+                raise self.fail(f"{above} in the wheel is a file from {self._origin(above)}, and a directory "
+                                f"for {below} from {self._origin(below)}", self.origins[above][1],
+                                hint="give the file and the directory different paths")
         return Tree.from_checked(self.entries)
