@@ -434,7 +434,9 @@ def cmd_exec(args, console: Console) -> int:
     import tempfile
     work = Path(tempfile.mkdtemp(dir=engine.cas.tmp))
     try:
-        return subprocess.call(engine.sandbox.command(action, work), env=engine.sandbox.environment(action))
+        # The action's environment reaches only the sandbox, never bwrap on the host (sandbox_env.py).
+        argv, host_env, stdin = engine.sandbox.interactive(action, work)
+        return subprocess.call(argv, env=host_env, stdin=stdin)
     finally:
         from build_graph.store.cas import rmtree
         rmtree(work)

@@ -26,8 +26,9 @@ from typing import Callable
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.incremental import filestate
-from build_graph.model import Action, ActionResult, DirEntry, HostTool, Tree, check_relpath
-from build_graph.spares import Outputs, Spares, environment_options, memfd
+from build_graph.model import Action, ActionResult, DirEntry, FileEntry, HostTool, SymlinkEntry, Tree, check_relpath
+from build_graph.sandbox_env import HOST_ENV, SHELL, EnvironmentRefused, handover, host_lookup, resolves, stdin_fd
+from build_graph.spares import Outputs, Spares, memfd
 from build_graph.store.cas import FIXED_MTIME, LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
 
@@ -192,10 +193,29 @@ class BwrapRunner:
 
     @staticmethod
     def environment(action: Action) -> dict[str, str]:
-        """The action's whole environment. bwrap is started with exactly this (and passes it
-        on), rather than --clearenv plus one --setenv each: a genrule with 10,000 dependencies
-        has 10,000 $IN_ variables, beyond bwrap's 9,000 arguments."""
+        """The action's whole environment, which bwrap gives it inside the sandbox (never a host
+        process's: sandbox_env.py)."""
         return dict(action.env)
+
+    def handover(self, action: Action):
+        """How bwrap hands `action` its environment (sandbox_env.handover); a SandboxError of one
+        line where it cannot."""
+        try:
+            return handover(self.environment(action), has_shell(action))
+        except EnvironmentRefused as e:
+            raise SandboxError(str(e), where=action.name,
+                               hint="use fewer variables (fewer dependencies) or give the action a /bin/sh "
+                                    "(host_tools with /usr, or a system root)") from None
+
+    def interactive(self, action: Action, out_dir: Path) -> tuple[list[str], dict[str, str], int | None]:
+        """argv, host environment and stdin (a descriptor, or None for the caller's) that run
+        `action` in the foreground (`bgraph exec`): its environment reaches only the sandbox."""
+        bwrap, *options = self.command(action, out_dir)
+        split = options.index("--")
+        env = self.handover(action)
+        stdin = stdin_fd(env.script) if env.script is not None else None
+        argv = [bwrap, *options[:split], *env.options, "--", *env.prefix, *options[split + 1:]]
+        return argv, dict(HOST_ENV), stdin
 
     def run(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
         """Run `action` in a fresh sandbox; its outputs go into the store. `stamps`, when given,
@@ -367,37 +387,43 @@ class BwrapRunner:
         its stdout and stderr going to memory files; registered for stop()."""
         # bwrap reads its options from a descriptor (it closes it after reading), so the
         # sandbox's /proc/1/cmdline shows no host path (the cache directory) an action could copy.
+        # The action's environment goes to bwrap in its options (or, where too large, on the
+        # stdin of the sandbox's shell): no host process started here (the cgroup-joining sh,
+        # bwrap) ever runs with it, where LD_PRELOAD and the like would run the action's code
+        # on the host (sandbox_env.py).
         bwrap, *options = self.command(action, out_dir)
         split = options.index("--")
-        env = self.environment(action)
-        env_options = environment_options(env) if self.spares is not None else None
-        spare = self.spares.take() if env_options is not None else None
+        env = self.handover(action)
+        argv_in = [*env.prefix, *options[split + 1:]]
+        spare = self.spares.take() if self.spares is not None and env.script is None else None
         if spare is not None:
             with self._lock:  # registered before it runs the action, so stop() cannot miss it
                 self._procs.add(spare.proc)
-            if spare.launch(bwrap, _nul_separated([*options[:split], *env_options]), options[split + 1:]):
+            if spare.launch(bwrap, _nul_separated([*options[:split], *env.options]), argv_in):
                 return spare.proc, spare.groups, spare.outputs
             with self._lock:
                 self._procs.discard(spare.proc)
             spare.outputs.close()
             self.accounting.remove(spare.groups)
         groups = self.accounting.new_groups()
-        outputs = args = None
+        outputs = args = stdin = None
         try:
             outputs, args = Outputs.new(), memfd("options")
-            os.write(args, _nul_separated(options[:split]))
+            os.write(args, _nul_separated([*options[:split], *env.options]))
             os.lseek(args, 0, os.SEEK_SET)
-            argv = self.accounting.wrap(groups, [bwrap, "--args", str(args), *options[split:]])
-            proc = subprocess.Popen(argv, stdout=outputs.stdout, stderr=outputs.stderr, stdin=subprocess.DEVNULL,
-                                    pass_fds=(args,), start_new_session=True, env=env)
+            stdin = stdin_fd(env.script)
+            argv = self.accounting.wrap(groups, [bwrap, "--args", str(args), "--", *argv_in])
+            proc = subprocess.Popen(argv, stdout=outputs.stdout, stderr=outputs.stderr, stdin=stdin,
+                                    pass_fds=(args,), start_new_session=True, env=dict(HOST_ENV))
         except BaseException:
             if outputs is not None:
                 outputs.close()
             self.accounting.remove(groups)
             raise
         finally:
-            if args is not None:
-                os.close(args)
+            for fd in (args, stdin):
+                if fd is not None:
+                    os.close(fd)
         with self._lock:
             self._procs.add(proc)
         return proc, groups, outputs
@@ -428,6 +454,31 @@ class BwrapRunner:
 def _nul_separated(args: list[str]) -> bytes:
     """Arguments as bwrap's --args reads them."""
     return b"".join(a.encode() + b"\0" for a in args)
+
+
+def has_shell(action: Action) -> bool:
+    """Whether /bin/sh is a file in `action`'s sandbox (sandbox_layout, its links followed)."""
+    binds: list[tuple[str, object]] = []
+    links: dict[str, str] = {}
+    for op in sandbox_layout(action):
+        if op[0] == "host":
+            binds.append((op[1], ("host", op[1])))
+        elif op[0] == "symlink":
+            links[op[2]] = op[1]
+        else:
+            binds.append((op[1], ("tree", op[2], op[1])))
+
+    def lookup(what, rel: str):
+        if what[0] == "host":
+            return host_lookup(what[1], rel)
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):  # a link on the way (bin -> usr/bin in a system root)
+            entry = what[1].entries.get("/".join(parts[:i]))
+            if isinstance(entry, SymlinkEntry):
+                here = os.path.join(what[2], *parts[:i - 1])
+                return ("link", os.path.normpath(os.path.join(here, entry.target, *parts[i:])))
+        return ("file",) if isinstance(entry, FileEntry) else None
+    return resolves(SHELL, binds, links, lookup)
 
 
 class PeakSampler(threading.Thread):

@@ -13,10 +13,12 @@ on a pipe for the word to run its launch script: the action starts without the w
 process already counted in its groups. A spare that is gone when its action comes (killed, or
 its join refused) is passed over: the sandbox starts that action the direct way.
 
-A spare touches no file of its action: it is started with four memory files (memfd) of its own,
-its stdout and stderr (the action's), the launch script and bwrap's options. The action's thread
-writes the last two, then one newline on the pipe; the spare sources the script from its
-descriptor and execs bwrap, which reads its options from theirs. (Before, each action wrote the
+A spare touches no file of its action: it is started with three memory files (memfd) of its own,
+its stdout and stderr (the action's) and bwrap's options, and with no environment. The action's
+thread writes the options, then one newline and the launch script on the pipe, and closes it;
+the spare sources the script from the pipe and execs bwrap, which reads its options from their
+descriptor (and closes it): the action inherits no descriptor of the spare's but its stdout and
+stderr, as on the direct way. The action's environment is in the options (sandbox_env.py). (Before, each action wrote the
 options and the script as files, and two empty stdout/stderr files, and removed them: four files
 made and removed per action, and the spare read the script's path a byte at a time.)
 
@@ -36,16 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from build_graph.cgroups import Accounting
+from build_graph.sandbox_env import HOST_ENV, MAX_SETENV_ARGS, setenv_options  # noqa: F401 - MAX_SETENV_ARGS: tests
 
-# Join every group named (the arguments after the script's descriptor), then wait for a line on
-# stdin and run the launch script (on that descriptor) in this process; end quietly when bgraph
-# closes the pipe instead (the spare is not needed).
-SPARE = ('script=$1; shift; for f; do echo $$ > "$f" || exit 125; done; '
-         'IFS= read -r go || exit 0; . "/proc/self/fd/$script"')
-
-# bwrap takes at most 9,000 arguments; an environment that needs more --setenv options than
-# this is started the direct way (the sandbox passes it as bwrap's own environment).
-MAX_SETENV_ARGS = 6000
+# Join every group named (the arguments), then wait for a line on stdin and run the launch
+# script that follows it on stdin (the pipe: read whole, up to bgraph's close) in this process;
+# end quietly when bgraph closes the pipe instead (the spare is not needed).
+SPARE = ('for f; do echo $$ > "$f" || exit 125; done; '
+         'IFS= read -r go || exit 0; . /proc/self/fd/0')
 
 
 @dataclass
@@ -73,7 +72,6 @@ class Spare:
     proc: subprocess.Popen
     groups: dict[str, Path]
     outputs: Outputs  # its stdout and stderr, which the action inherits
-    script: int  # the launch script it sources (its descriptor of the same number)
     options: int  # bwrap's options, read by bwrap on the descriptor of the same number
 
     def launch(self, bwrap: str, options: bytes, argv: list[str]) -> bool:
@@ -81,21 +79,23 @@ class Spare:
         the argv after them; False if it is gone (then it is reaped)."""
         try:
             _fill(self.options, options)
-            _fill(self.script, launch_script(bwrap, self.options, argv).encode())
-            self.proc.stdin.write(b"\n")
+            self.proc.stdin.write(b"\n" + launch_script(bwrap, self.options, argv).encode())
             self.proc.stdin.close()
             return True
         except (OSError, ValueError):  # a broken pipe: it ended before its action came
+            try:
+                self.proc.stdin.close()
+            except (OSError, ValueError):
+                pass
             self.proc.wait()
             return False
         finally:
             self.close_inputs()
 
     def close_inputs(self) -> None:
-        """bgraph's descriptors of the script and options (the spare has its own)."""
-        for fd in (self.script, self.options):
-            _close(fd)
-        self.script = self.options = -1
+        """bgraph's descriptor of the options (the spare has its own)."""
+        _close(self.options)
+        self.options = -1
 
 
 def launch_script(bwrap: str, options_fd: int, argv: list[str]) -> str:
@@ -152,12 +152,7 @@ def _close(fd: int) -> None:
 
 def environment_options(env: dict[str, str]) -> list[str] | None:
     """bwrap options that give the action exactly `env`, or None where there are too many."""
-    if 2 * len(env) > MAX_SETENV_ARGS:
-        return None
-    options = ["--clearenv"]
-    for name, value in env.items():
-        options += ["--setenv", name, value]
-    return options
+    return setenv_options(env)
 
 
 class Spares:
@@ -236,17 +231,17 @@ class Spares:
         try:
             outputs = Outputs.new()
             fds += [outputs.stdout, outputs.stderr]
-            script, options = memfd("launch"), memfd("options")
-            fds += [script, options]
-            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", str(script), *procs],
+            options = memfd("options")
+            fds.append(options)
+            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs],
                                     stdin=subprocess.PIPE, stdout=outputs.stdout, stderr=outputs.stderr,
-                                    pass_fds=(script, options), env={}, start_new_session=True)
+                                    pass_fds=(options,), env=dict(HOST_ENV), start_new_session=True)
         except OSError:
             for fd in fds:
                 _close(fd)
             self.accounting.remove(groups)
             return None
-        return Spare(proc, groups, outputs, script, options)
+        return Spare(proc, groups, outputs, options)
 
 
 class _Starter:

@@ -977,3 +977,25 @@ def test_a_busy_server_is_waited_for_and_other_errors_are_not():
     with pytest.raises(RemoteUnavailable):
         PatientRemote(gone, threading.Event()).find_missing({"a": 1})
     assert gone.calls == 1
+
+
+def test_a_commands_environment_reaches_only_the_sandbox(stack, tmp_path):
+    """A Command's LD_PRELOAD names a host library that writes a marker when loaded: no process
+    the worker starts on its host loads it (red-team K14); the action sees exactly the Command's
+    variables (and bwrap's PWD), few or more than bwrap's arguments hold; more of them with a
+    name no shell can set is INVALID_ARGUMENT."""
+    from test_sandbox_env import many, parsed, preload_library
+
+    from build_graph.sandbox_env import MAX_SETENV_ARGS
+
+    lib, mark = preload_library(tmp_path)
+    c = Client(stack.url)
+    for extra in ({}, many(MAX_SETENV_ARGS // 3 + 1)):
+        env = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(lib), **extra}
+        response, _, _ = c.execute(c.action(["/usr/bin/env", "-0"], [], env=env))
+        assert response.status.code == 0 and response.result.exit_code == 0, response
+        assert parsed(c.read(response.result.stdout_digest)) == {**env, "PWD": "/"}
+        assert not mark.exists(), f"the library ran on the worker's host: {mark.read_text()}"
+    bad = {**many(MAX_SETENV_ARGS // 3 + 1), "NOT-A-NAME": "x"}
+    response, _, _ = c.execute(c.action(["/usr/bin/env", "-0"], [], env=bad))
+    assert response.status.code == 3 and "'NOT-A-NAME' is not a shell variable name" in response.status.message

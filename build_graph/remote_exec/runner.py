@@ -32,6 +32,8 @@ from build_graph.sandbox import (
     find_bwrap,
     nesting_options,
 )
+from build_graph.remote_exec.staging import BadInput
+from build_graph.sandbox_env import HOST_ENV, SHELL, EnvironmentRefused, handover, host_lookup, resolves, stdin_fd
 from build_graph.spares import memfd, read_memfd
 
 
@@ -41,8 +43,8 @@ BINFMT = {
     "aarch64": (r"\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00",
                 r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff"),
 }
-# In the new user and mount namespace: its own binfmt_misc, the one entry, then bwrap.
-# (mount by its path, as $2: the shell runs with the action's environment, PATH included.)
+# In the new user and mount namespace: its own binfmt_misc, the one entry, then bwrap (mount by
+# its path, as $2).
 _REGISTER_AND_EXEC = ('"$2" -t binfmt_misc bgraph /proc/sys/fs/binfmt_misc && '
                       'printf %s "$1" > /proc/sys/fs/binfmt_misc/register && shift 2 && exec "$@"')
 
@@ -104,33 +106,61 @@ def bwrap_options(bwrap: str, mounts: list[tuple], writable: list[tuple[Path, st
     return args + ["--chdir", "/" + cwd if cwd else "/"]
 
 
+def has_shell(options: list[str]) -> bool:
+    """Whether /bin/sh is a file in the sandbox that bwrap_options() `options` make."""
+    binds: list[tuple[str, object]] = []
+    links: dict[str, str] = {}
+    i = 0
+    while i < len(options):
+        if options[i] in ("--ro-bind", "--bind"):
+            binds.append((options[i + 2], options[i + 1]))
+            i += 3
+        elif options[i] == "--symlink":
+            links[options[i + 2]] = options[i + 1]
+            i += 3
+        else:
+            i += 1
+    return resolves(SHELL, binds, links, host_lookup)
+
+
 class Process:
     """The sandboxed command of one lease; kill() may be called from another thread."""
 
     def __init__(self, options: list[str], argv: list[str], env: dict[str, str], stdout: Path, stderr: Path,
                  launcher: list[str] = ()):
         """`launcher`: what starts bwrap (emulating()'s prefix), exec'ing into it: the process is
-        bwrap's all the same (one process group, killed as one)."""
+        bwrap's all the same (one process group, killed as one). `env`, the Command's, reaches
+        only the sandbox (sandbox_env.py): BadInput where it cannot."""
         self.bwrap = find_bwrap()
         self._killed = ""
         self._lock = threading.Lock()
+        # Exactly the Command's environment, given by bwrap inside the sandbox: no host process
+        # started here (the launcher's unshare and sh, bwrap) runs with it, where LD_PRELOAD
+        # and the like would run the action's code on the worker's host.
+        try:
+            handed = handover(env, has_shell(options))
+        except EnvironmentRefused as e:  # the worker's INVALID_ARGUMENT: no other worker would run it
+            raise BadInput(str(e)) from None
         opts = memfd("options")
         status = memfd("status")
         self._status = status
+        stdin = None
         try:
-            os.write(opts, b"".join(a.encode() + b"\0" for a in [*options, "--json-status-fd", str(status)]))
+            os.write(opts, b"".join(a.encode() + b"\0" for a in [*options, *handed.options,
+                                                                 "--json-status-fd", str(status)]))
             os.lseek(opts, 0, os.SEEK_SET)
+            stdin = stdin_fd(handed.script)
             with open(stdout, "wb") as out, open(stderr, "wb") as err:
-                # Exactly the Command's environment: bwrap is started with it and passes it on
-                # (as sandbox.py does; --setenv per variable would run into bwrap's argument limit).
-                self.proc = subprocess.Popen([*launcher, self.bwrap, "--args", str(opts), "--", *argv], env=env,
-                                             stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                self.proc = subprocess.Popen([*launcher, self.bwrap, "--args", str(opts), "--", *handed.prefix, *argv],
+                                             env=dict(HOST_ENV), stdout=out, stderr=err, stdin=stdin,
                                              pass_fds=(opts, status), start_new_session=True)
         except BaseException:
             os.close(status)
             raise
         finally:
             os.close(opts)
+            if stdin is not None:
+                os.close(stdin)
         self.start = time.time()
 
     def kill(self, why: str) -> None:

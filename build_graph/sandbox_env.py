@@ -1,0 +1,133 @@
+"""How an action's environment reaches the action: through bubblewrap, never as the environment
+of a host process.
+
+A process bgraph (or a remote worker) starts on the host for an action (the /bin/sh that joins
+its cgroups, bwrap, the emulating worker's unshare) runs before any namespace exists, as bgraph's
+user with all its capabilities: were it started with the action's environment, a target's
+`LD_PRELOAD` (or GCONV_PATH, or any of glibc's many such variables) would run the action's code
+there (red-team K14). So those processes get a fixed environment of bgraph's own, and bwrap,
+once inside the sandbox, gives the action exactly its variables: `--clearenv` and one `--setenv`
+each, in the options it reads from a memory file. bwrap takes at most 9,000 arguments in all;
+an environment too large for that (a genrule with thousands of dependencies has thousands of
+$IN_ variables) is handed over as a script of `export NAME='value'` lines on the sandbox's own
+stdin, which the sandbox's /bin/sh sources before it execs the action's argv with stdin from
+/dev/null: the action sees the same variables, argv and descriptors either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+
+# bwrap refuses more than 9,000 arguments (its own, --args' and the command's together): this
+# many are left for --setenv (three per variable), the rest for mounts (MAX_MOUNTS) and argv.
+MAX_SETENV_ARGS = 6000
+# What a host process started for an action gets as its environment: nothing of the action's.
+HOST_ENV: dict[str, str] = {"PATH": "/usr/bin:/bin"}
+SHELL = "/bin/sh"
+# Run by the sandbox's shell: the exports (its stdin: a memory file), then the action's argv,
+# with the stdin every action has.
+SOURCE_AND_EXEC = '. /proc/self/fd/0 || exit 127; exec "$@" </dev/null'
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class EnvironmentRefused(ValueError):
+    """An environment that cannot be handed over (too large, and no shell or a bad name)."""
+
+
+@dataclass
+class Handover:
+    """How bwrap gives the action its environment: `options` (before `--`), `prefix` (before the
+    action's argv, run inside the sandbox) and `script` (bwrap's stdin, or None for /dev/null)."""
+
+    options: list[str]
+    prefix: list[str]
+    script: bytes | None
+
+
+def setenv_options(env: dict[str, str]) -> list[str] | None:
+    """bwrap options that give the action exactly `env`, or None where there are too many."""
+    if 3 * len(env) > MAX_SETENV_ARGS:
+        return None
+    options = ["--clearenv"]
+    for name, value in env.items():
+        options += ["--setenv", name, value]
+    return options
+
+
+def handover(env: dict[str, str], has_shell: bool) -> Handover:
+    """The handover of `env` (`has_shell`: whether the sandbox has /bin/sh); EnvironmentRefused
+    with one line where it is too large for bwrap's arguments and cannot go through the shell."""
+    options = setenv_options(env)
+    if options is not None:
+        return Handover(options, [], None)
+    bad = next((name for name in env if not _NAME.match(name)), None)
+    if bad is not None:
+        raise EnvironmentRefused(f"{len(env)} environment variables are more than bwrap's arguments hold, "
+                                 f"and {bad!r} is not a shell variable name, which the sandbox's shell "
+                                 "would need to set them")
+    if not has_shell:
+        raise EnvironmentRefused(f"{len(env)} environment variables are more than bwrap's arguments hold, "
+                                 f"and the sandbox has no {SHELL} to set them")
+    # PWD is bwrap's (the working directory, set after --setenv's: the action never sees its
+    # own); the shell keeps the one it is started with.
+    script = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items() if name != "PWD")
+    return Handover(["--clearenv"], [SHELL, "-c", SOURCE_AND_EXEC, "sh"], script.encode())
+
+
+def stdin_fd(script: bytes | None) -> int:
+    """bwrap's stdin: a memory file holding `script`, at its start, or /dev/null opened for
+    reading, as the spare's and the shell's `</dev/null` open it (Popen's DEVNULL opens it for
+    writing too, which the action would see)."""
+    if script is None:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.memfd_create("bgraph-env", os.MFD_CLOEXEC)
+    view, offset = memoryview(script), 0
+    while offset < len(view):
+        offset += os.write(fd, view[offset:])
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def resolves(path: str, binds: list[tuple[str, object]], links: dict[str, str], lookup) -> bool:
+    """Whether absolute `path` names a file in a sandbox made of `binds` (mount point -> what
+    `lookup(what, rel)` reads: None when absent, ("file",) or ("link", target)), later binds
+    over earlier ones, and `links` (a symlink bwrap makes -> its target). Links are followed,
+    a few at most."""
+    for _ in range(16):
+        parts = [p for p in path.split("/") if p]
+        resolved = False
+        for i in range(1, len(parts) + 1):
+            here = "/" + "/".join(parts[:i])
+            if here in links:
+                target = links[here]
+                base = target if target.startswith("/") else os.path.join(os.path.dirname(here), target)
+                path = os.path.normpath("/".join([base, *parts[i:]]))
+                resolved = True
+                break
+        if resolved:
+            continue
+        for mount, what in reversed(binds):
+            if path == mount or path.startswith(mount.rstrip("/") + "/"):
+                found = lookup(what, path[len(mount):].strip("/"))
+                if found is None:
+                    return False
+                if found[0] == "file":
+                    return True
+                target = found[1]
+                path = target if target.startswith("/") else os.path.normpath(
+                    os.path.join(os.path.dirname(path), target))
+                break
+        else:
+            return False
+    return False
+
+
+def host_lookup(host: object, rel: str):
+    """resolves()'s lookup for a host path bound into the sandbox."""
+    full = os.path.join(str(host), rel) if rel else str(host)
+    if os.path.islink(full):
+        return ("link", os.readlink(full))
+    return ("file",) if os.path.isfile(full) else None
