@@ -550,6 +550,7 @@ def _stage(out_dir: Path, tree: Tree, mount: str) -> _Layout:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(f"{mount}/{path}", target)
+            _reset_times(target)  # as a reused layout's links are (_unstage)
             links[path] = f"{mount}/{path}"
         parent = path.rpartition("/")[0]
         while parent and parent not in dirs:  # the directories mkdir(parents=True) made
@@ -562,7 +563,8 @@ def _stage(out_dir: Path, tree: Tree, mount: str) -> _Layout:
 
 def _unstage(out_dir: Path, layout: _Layout) -> bool:
     """Remove everything in `out_dir` that is not part of `layout`; True where what is left is
-    the layout exactly as staged: every symlink there with its target, every directory as it was
+    the layout exactly as staged: every symlink there with its target (its times put back to
+    FIXED_MTIME, as _stage gives them), every directory as it was
     made (mode, owner, link count, size, extended attributes, inode flags: an action that
     changed one, or left a directory larger, gives False, and the caller empties it whole)."""
     seen = 0
@@ -579,6 +581,8 @@ def _unstage(out_dir: Path, layout: _Layout) -> bool:
                 elif path in layout.links:
                     if not e.is_symlink() or os.readlink(e.path) != layout.links[path]:
                         return False
+                    # An action may re-time a link it owns (touch -h): the next one sees it as staged.
+                    _reset_times(Path(e.path))
                 else:  # the action's own: an output it left, a temporary file
                     rmtree(Path(e.path))
                     continue
@@ -596,8 +600,8 @@ FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long): chattr's inode flags
 
 
 def _reset_times(path: Path) -> None:
-    """Give an output directory the times every input has (FIXED_MTIME), never through a link:
-    a new one, and one reused, look the same to the action."""
+    """Give an output directory (or a staged link) the times every input has (FIXED_MTIME),
+    never through a link: a new one, and one reused, look the same to the action."""
     os.utime(path, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
 
 
