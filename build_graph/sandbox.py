@@ -26,8 +26,25 @@ from typing import Callable
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.incremental import filestate
-from build_graph.model import Action, ActionResult, DirEntry, FileEntry, HostTool, SymlinkEntry, Tree, check_relpath
-from build_graph.sandbox_env import HOST_ENV, SHELL, EnvironmentRefused, handover, host_lookup, resolves, stdin_fd
+from build_graph.model import (
+    Action,
+    ActionResult,
+    DirEntry,
+    FileEntry,
+    HostTool,
+    SymlinkEntry,
+    Tree,
+    check_relpath,
+)
+from build_graph.sandbox_env import (
+    HOST_ENV,
+    SHELL,
+    EnvironmentRefused,
+    handover,
+    host_lookup,
+    resolves,
+    stdin_fd,
+)
 from build_graph.spares import Outputs, Spares, memfd
 from build_graph.store.cas import FIXED_MTIME, LocalCas, hash_file, rmtree
 from build_graph.store.json_table import JsonTable
@@ -201,7 +218,7 @@ class BwrapRunner:
         """How bwrap hands `action` its environment (sandbox_env.handover); a SandboxError of one
         line where it cannot."""
         try:
-            return handover(self.environment(action), has_shell(action))
+            return handover(self.environment(action), lambda: has_shell(action))
         except EnvironmentRefused as e:
             raise SandboxError(str(e), where=action.name,
                                hint="use fewer variables (fewer dependencies) or give the action a /bin/sh "

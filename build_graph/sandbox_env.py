@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # bwrap refuses more than 9,000 arguments (its own, --args' and the command's together): this
@@ -57,9 +58,10 @@ def setenv_options(env: dict[str, str]) -> list[str] | None:
     return options
 
 
-def handover(env: dict[str, str], has_shell: bool) -> Handover:
-    """The handover of `env` (`has_shell`: whether the sandbox has /bin/sh); EnvironmentRefused
-    with one line where it is too large for bwrap's arguments and cannot go through the shell."""
+def handover(env: dict[str, str], has_shell: bool | Callable[[], bool]) -> Handover:
+    """The handover of `env` (`has_shell`: whether the sandbox has /bin/sh, or what tells, asked
+    only for a large environment); EnvironmentRefused with one line where it is too large for
+    bwrap's arguments and cannot go through the shell."""
     options = setenv_options(env)
     if options is not None:
         return Handover(options, [], None)
@@ -68,7 +70,7 @@ def handover(env: dict[str, str], has_shell: bool) -> Handover:
         raise EnvironmentRefused(f"{len(env)} environment variables are more than bwrap's arguments hold, "
                                  f"and {bad!r} is not a shell variable name, which the sandbox's shell "
                                  "would need to set them")
-    if not has_shell:
+    if not (has_shell() if callable(has_shell) else has_shell):
         raise EnvironmentRefused(f"{len(env)} environment variables are more than bwrap's arguments hold, "
                                  f"and the sandbox has no {SHELL} to set them")
     # PWD is bwrap's (the working directory, set after --setenv's: the action never sees its

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from build_graph.cgroups import Accounting
-from build_graph.sandbox_env import HOST_ENV, MAX_SETENV_ARGS, setenv_options  # noqa: F401 - MAX_SETENV_ARGS: tests
+from build_graph.sandbox_env import HOST_ENV, setenv_options
 
 # Join every group named (the arguments), then wait for a line on stdin and run the launch
 # script that follows it on stdin (the pipe: read whole, up to bgraph's close) in this process;

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from build_graph.errors import SandboxError
-from build_graph.model import Action, Digester, Tree
+from build_graph.model import Action, Digester
 from build_graph.sandbox_env import MAX_SETENV_ARGS, EnvironmentRefused, handover
 
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

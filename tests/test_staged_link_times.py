@@ -5,7 +5,6 @@ hole 4)."""
 from __future__ import annotations
 
 import pytest
-
 from bgraph_testlib import requires_bwrap
 
 # Every staged link's modification time (its atime changes as links are read).

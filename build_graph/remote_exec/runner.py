@@ -26,16 +26,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from build_graph.remote_exec.staging import BadInput
 from build_graph.sandbox import (
     NO_CAPABILITIES,
     READ_ONLY_PROC,
     find_bwrap,
     nesting_options,
 )
-from build_graph.remote_exec.staging import BadInput
-from build_graph.sandbox_env import HOST_ENV, SHELL, EnvironmentRefused, handover, host_lookup, resolves, stdin_fd
+from build_graph.sandbox_env import (
+    HOST_ENV,
+    SHELL,
+    EnvironmentRefused,
+    handover,
+    host_lookup,
+    resolves,
+    stdin_fd,
+)
 from build_graph.spares import memfd, read_memfd
-
 
 # binfmt_misc's magic and mask of each CPU a worker may emulate: an ELF64 executable or shared
 # object for its e_machine (as Debian's qemu-user-static registers them).
@@ -138,7 +145,7 @@ class Process:
         # started here (the launcher's unshare and sh, bwrap) runs with it, where LD_PRELOAD
         # and the like would run the action's code on the worker's host.
         try:
-            handed = handover(env, has_shell(options))
+            handed = handover(env, lambda: has_shell(options))
         except EnvironmentRefused as e:  # the worker's INVALID_ARGUMENT: no other worker would run it
             raise BadInput(str(e)) from None
         opts = memfd("options")
