@@ -12,17 +12,57 @@ v1's cpuacct for CPU and v1's memory controller for memory (separate hierarchies
 groups), or one group in a cgroup v2 subtree of bgraph's own (CPU always; memory where the
 memory controller can be enabled there). Groups are made below bgraph's own cgroup of each
 hierarchy, so an action stays inside whatever limits bgraph runs under. Elsewhere CPU time is
-not measured (0) and memory is sampled from the process tree (sandbox.PeakSampler). Part of the
-sandbox layer: only it calls this."""
+not measured (0) and memory is sampled from the process tree (sandbox.PeakSampler).
+
+The same groups bound what an action may take of the host (red-team K14): an action's processes
+sit in no group of the host's own, so a fork bomb took every PID of the host (bgraph's next fork,
+a worker's heartbeat then failed; uid 0 ignores RLIMIT_NPROC) and an action could push the host
+into a global OOM kill, whose victim is the largest process: bgraph, not the action. Each action
+gets a pids limit (ACTION_TASKS; with cgroup v1's pids hierarchy, or v2's pids controller) and a
+memory limit (memory_limit_mb), and the parent group of all actions (`base`) bounds them together
+(ALL_ACTIONS_TASKS_SHARE of the host's PIDs, the host's RAM less MEMORY_RESERVE for bgraph): a
+limit reached refuses the action a process (fork fails) or kills one of its processes (an OOM kill
+inside its group), never one of bgraph's. An action that reached one fails with one line naming it
+(`limit_hit`). A controller the host lacks is skipped (no limit, as before). Part of the sandbox
+layer: only it calls this."""
 
 from __future__ import annotations
 
 import errno
 import itertools
 import os
+import signal
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from build_graph.errors import ActionFailed, UsageError
+
+# At most this many processes and threads at once per action (the kernel counts both as tasks):
+# a configure script or a compile's driver, assembler and linker take tens; `make -j128` a few
+# hundred; a JVM or a many-threaded linker hundreds more. All actions together may take at most
+# ALL_ACTIONS_TASKS_SHARE of the host's tasks (the lower of kernel.pid_max and threads-max): the
+# rest stay free for bgraph, its workers' heartbeats and the host, however many actions run.
+ACTION_TASKS = 8192
+ALL_ACTIONS_TASKS_SHARE = 3 / 4
+# Memory kept out of reach of the actions, all together: bgraph's own (a large graph's plan, the
+# store's buffers) and the host's. Not the scheduler's --max-mem, a budget of declared hints that
+# real steps exceed (a link takes more than its hint), and not known here (bgraph's runner is
+# made without it): the bound is what keeps the host's OOM killer off bgraph, the host's RAM less
+# this reserve: the larger of 1 GiB and an eighth of RAM.
+MEMORY_RESERVE_MB = 1024
+MEMORY_RESERVE_SHARE = 1 / 8
+# The environment variables that set an action's limits lower or higher (a whole number; the
+# memory one is bounded by the all-actions limit all the same).
+TASKS_VARIABLE = "BGRAPH_ACTION_TASKS"
+MEMORY_VARIABLE = "BGRAPH_ACTION_MEMORY_MB"
+# How often running actions' groups are checked for a limit reached (Accounting's watcher): a
+# fork bomb at its limit never ends by itself (each process forks again as soon as another
+# exits), nor does a program whose threads wait on one that could not start; such an action is
+# killed at once, its failure naming the limit.
+WATCH_S = 0.25
 
 # The action's first process joins its cgroups (the files named before "--"), then becomes bwrap:
 # nothing of the action runs outside them, and nothing of bgraph's memory is charged to them
@@ -67,14 +107,16 @@ class _Groups:
     def remove(self, group: Path) -> None:
         _remove(group)
 
-    def _works(self, read) -> bool:
-        """Whether a short-lived process can be started in a new group here and `read` gives
-        a figure for it afterwards."""
+    def _works(self, read, limit=None) -> bool:
+        """Whether a short-lived process can be started in a new group here (`limit` applied to
+        it first, where given) and `read` gives a figure for it afterwards."""
         try:
             self.base.mkdir(exist_ok=True)
             self.remove_stale()
             group = self.new_group()
             try:
+                if limit is not None:
+                    limit(group)
                 ok = subprocess.run(self.wrap(group, ["/bin/true"]), capture_output=True).returncode == 0
                 return ok and read(group) is not None
             finally:
@@ -133,9 +175,10 @@ class MemoryAccounting(_Groups):
 
     @classmethod
     def probe(cls, root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup"),
-              cpu: CpuAccounting | None = None) -> "MemoryAccounting | None":
+              cpu: CpuAccounting | None = None, limit_mb: int = 0) -> "MemoryAccounting | None":
         """The memory accounting this host allows, or None. Under cgroup v2 a process is in one
-        group only: when CPU is accounted in a v2 subtree, memory must use the same one (`cpu`)."""
+        group only: when CPU is accounted in a v2 subtree, memory must use the same one (`cpu`).
+        `limit_mb`, where given, must be settable on a group."""
         candidates = []
         own_v1 = _own_v1_path(self_cgroup, "memory")
         if own_v1 is not None and (root / "memory" / "memory.max_usage_in_bytes").exists():
@@ -149,9 +192,23 @@ class MemoryAccounting(_Groups):
             if version == 2 and cpu is not None and cpu.version == 2 and cpu.base != base:
                 continue
             accounting = cls(base, version)
-            if accounting._works(accounting.peak_mb):
+            limit = (lambda group: accounting.limit(group, limit_mb)) if limit_mb else None
+            if accounting._works(accounting.peak_mb, limit):
                 return accounting
         return None
+
+    def limit(self, group: Path, mb: int) -> None:
+        """At most `mb` MiB charged to `group` (the kernel reclaims page cache first, then kills
+        one of the group's processes)."""
+        (group / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).write_text(str(mb << 20))
+
+    def oom_killed(self, group: Path) -> bool:
+        """Whether the kernel killed a process of `group` for memory (its limit or its parent's)."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            return _stat(group / name).get("oom_kill", 0) > 0
+        except OSError:
+            return False
 
     def peak_mb(self, group: Path) -> int | None:
         """The group's peak, less the page cache it holds now (read after its processes ended)."""
@@ -169,6 +226,112 @@ class MemoryAccounting(_Groups):
         return -(-max(0, peak - max(0, cached)) >> 20)  # rounded up: 0 means not measured
 
 
+class PidsLimit(_Groups):
+    """One pids group per action under `base`: how many processes and threads it may have."""
+
+    @classmethod
+    def probe(cls, root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup"),
+              cpu: CpuAccounting | None = None, tasks: int = ACTION_TASKS) -> "PidsLimit | None":
+        """The pids groups this host allows (a limit of `tasks` set on one, a short-lived process
+        started in it), or None: cgroup v1's pids hierarchy, or the pids controller in the v2
+        subtree CPU is accounted in (`cpu`: a process is in one v2 group only)."""
+        candidates = []
+        own_v1 = _own_v1_path(self_cgroup, "pids")
+        if own_v1 is not None and (root / "pids" / "cgroup.procs").exists():
+            candidates.append((root / "pids" / own_v1 / "bgraph", 1))
+        own = _own_v2_path(self_cgroup)
+        if own is not None and (root / "cgroup.controllers").exists():
+            candidates.append((root / own / "bgraph-actions", 2))
+        for base, version in candidates:
+            if version == 2 and (cpu is None or cpu.version != 2 or cpu.base != base
+                                 or not _enable_v2(root / own, base, "pids")):
+                continue
+            pids = cls(base, version)
+            if pids._works(pids.refused, lambda group: pids.limit(group, tasks)):
+                return pids
+        return None
+
+    def limit(self, group: Path, tasks: int) -> None:
+        """At most `tasks` processes and threads in `group` at once: a fork beyond fails (EAGAIN)."""
+        (group / "pids.max").write_text(str(tasks))
+
+    def refused(self, group: Path) -> bool | None:
+        """Whether a fork in `group` failed at its limit or an ancestor's (None: not readable).
+        v1 counts a refused fork in the group that forked; v2 in the group whose limit was hit
+        (pids.events) and, on kernels that have it, in the one that forked (pids.events.local)."""
+        try:
+            refused = _stat(group / "pids.events").get("max", 0) > 0
+        except OSError:
+            return None
+        try:
+            return refused or _stat(group / "pids.events.local").get("max", 0) > 0
+        except OSError:
+            return refused
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one action may take of the host, and all running actions together (0: no limit)."""
+
+    tasks: int
+    all_tasks: int
+    memory_mb: int
+    all_memory_mb: int
+
+    @classmethod
+    def of_host(cls, environ=os.environ, memory_mb: int | None = None) -> "Limits":
+        """This host's limits (`memory_mb`: the memory bgraph may use, its RAM where not given),
+        an action's own lowered or raised by TASKS_VARIABLE / MEMORY_VARIABLE; a bad value is
+        one line with a hint."""
+        all_tasks = max(1, int(_host_tasks() * ALL_ACTIONS_TASKS_SHARE))
+        ram = memory_mb if memory_mb is not None else _host_memory_mb()
+        all_memory = max(64, ram - max(MEMORY_RESERVE_MB, int(ram * MEMORY_RESERVE_SHARE))) if ram else 0
+        tasks = _whole(environ, TASKS_VARIABLE) or ACTION_TASKS
+        memory = _whole(environ, MEMORY_VARIABLE) or all_memory
+        return cls(min(tasks, all_tasks), all_tasks, min(memory, all_memory) if all_memory else memory, all_memory)
+
+
+def _whole(environ, name: str) -> int | None:
+    value = environ.get(name)
+    if value is None or value == "":
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise UsageError(f"{name}={value!r} is not a whole number of at least 1",
+                         hint=f"unset {name} for the default, or give a number such as 4096")
+    return int(value)
+
+
+def _host_tasks() -> int:
+    """How many tasks the host can have at once: the lower of kernel.pid_max and threads-max."""
+    found = []
+    for name in ("pid_max", "threads-max"):
+        try:
+            found.append(int(Path(f"/proc/sys/kernel/{name}").read_text()))
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else 32768  # the kernel's default pid_max
+
+
+def _host_memory_mb() -> int:
+    """The host's RAM in MiB (0 where /proc/meminfo cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _group_limit_mb(group: Path, version: int) -> int | None:
+    """The memory limit of `group` in MiB, or None where it has none (or cannot be read)."""
+    try:
+        text = (group / ("memory.limit_in_bytes" if version == 1 else "memory.max")).read_text().strip()
+        return None if text == "max" or int(text) >= 1 << 60 else int(text) >> 20
+    except (OSError, ValueError):
+        return None
+
+
 def _stat(path: Path) -> dict[str, int]:
     out = {}
     for line in path.read_text().splitlines():
@@ -179,34 +342,71 @@ def _stat(path: Path) -> dict[str, int]:
 
 
 def _enable_v2_memory(own: Path, base: Path) -> bool:
-    """Turn the memory controller on for `base`'s children (it must be on in `own`'s subtree
-    first, which the kernel refuses where `own` holds processes and is not the root)."""
+    """Turn the memory controller on for `base`'s children."""
+    return _enable_v2(own, base, "memory")
+
+
+def _enable_v2(own: Path, base: Path, controller: str) -> bool:
+    """Turn `controller` on for `base`'s children (it must be on in `own`'s subtree first, which
+    the kernel refuses where `own` holds processes and is not the root)."""
     try:
         for parent in (own, base):
             if parent == base:
                 base.mkdir(exist_ok=True)
             control = parent / "cgroup.subtree_control"
-            if "memory" not in control.read_text().split():
-                control.write_text("+memory")
+            if controller not in control.read_text().split():
+                control.write_text(f"+{controller}")
         return True
     except OSError:
         return False
 
 
 class Accounting:
-    """What the sandbox uses: the groups one action starts in, and what they measured."""
+    """What the sandbox uses: the groups one action starts in, what they measured, and the
+    limits they hold it to (`limits`; the groups made by `pids` and `memory` get them)."""
 
-    def __init__(self, cpu: CpuAccounting | None, memory: MemoryAccounting | None):
-        self.cpu, self.memory = cpu, memory
+    def __init__(self, cpu: CpuAccounting | None, memory: MemoryAccounting | None,
+                 pids: PidsLimit | None = None, limits: Limits | None = None):
+        self.cpu, self.memory, self.pids, self.limits = cpu, memory, pids, limits
+        self._live: list[dict[str, Path]] = []  # groups made and not yet removed, watched
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
 
     @classmethod
-    def probe(cls, root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
-              ) -> "Accounting":
+    def probe(cls, root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup"),
+              environ=os.environ) -> "Accounting":
+        """The groups this host allows, with the limits of Limits.of_host set on the parent of
+        all actions' groups (where the kernel takes them: a controller absent is skipped)."""
         cpu = CpuAccounting.probe(root, self_cgroup)
-        return cls(cpu, MemoryAccounting.probe(root, self_cgroup, cpu))
+        # The memory bgraph may use: the host's RAM, or less where its own group has a limit (a
+        # container's): an OOM kill there may pick bgraph too.
+        ram, own_limit = _host_memory_mb(), None
+        own_v1, own_v2 = _own_v1_path(self_cgroup, "memory"), _own_v2_path(self_cgroup)
+        if own_v1 is not None and (root / "memory" / own_v1).is_dir():
+            own_limit = _group_limit_mb(root / "memory" / own_v1, 1)
+        elif own_v2 is not None and (root / "cgroup.controllers").exists():
+            own_limit = _group_limit_mb(root / own_v2, 2)
+        if own_limit is not None:
+            ram = min(ram, own_limit) if ram else own_limit
+        limits = Limits.of_host(environ, ram)
+        memory = MemoryAccounting.probe(root, self_cgroup, cpu, limits.memory_mb)
+        pids = PidsLimit.probe(root, self_cgroup, cpu, limits.tasks)
+        # All actions together: set on their groups' parent, which every bgraph of this cgroup
+        # shares (each sets the same figure). Where the kernel refuses (what is charged there is
+        # above it already), each action keeps its own limit.
+        for base_limit in ((lambda: pids.limit(pids.base, limits.all_tasks)) if pids else None,
+                           (lambda: memory.limit(memory.base, limits.all_memory_mb))
+                           if memory and limits.all_memory_mb else None):
+            try:
+                if base_limit is not None:
+                    base_limit()
+            except OSError:
+                pass
+        return cls(cpu, memory, pids, limits)
 
     def new_groups(self) -> dict[str, Path]:
-        """{"cpu": group, "memory": group} for what is measured (one group for both under v2)."""
+        """{"cpu": group, "memory": group, "pids": group} for what is measured or limited (one
+        group for all under v2), each limited as `limits` says."""
         groups: dict[str, Path] = {}
         try:
             if self.cpu is not None:
@@ -214,25 +414,93 @@ class Accounting:
             if self.memory is not None:
                 shared = self.cpu is not None and self.memory.base == self.cpu.base
                 groups["memory"] = groups["cpu"] if shared else self.memory.new_group()
+                if self.limits is not None and self.limits.memory_mb:
+                    self.memory.limit(groups["memory"], self.limits.memory_mb)
+            if self.pids is not None:
+                shared = self.cpu is not None and self.pids.base == self.cpu.base
+                groups["pids"] = groups["cpu"] if shared else self.pids.new_group()
+                if self.limits is not None:
+                    self.pids.limit(groups["pids"], self.limits.tasks)
         except OSError:
             self.remove(groups)
             raise
+        if self.limits is not None and ("pids" in groups or "memory" in groups):
+            with self._lock:
+                self._live.append(groups)
+                if self._watcher is None:
+                    self._watcher = threading.Thread(target=self._watch, name="bgraph-limits", daemon=True)
+                    self._watcher.start()
         return groups
+
+    def _watch(self) -> None:
+        """Kill the processes of every action that reached a limit (see WATCH_S); never ends."""
+        while True:
+            time.sleep(WATCH_S)
+            with self._lock:
+                live = list(self._live)
+            for groups in live:
+                try:
+                    if self.limit_hit(groups) is not None:
+                        _kill(groups.get("pids") or groups["memory"])
+                except (OSError, ValueError):
+                    pass  # removed meanwhile
 
     def wrap(self, groups: dict[str, Path], argv: list[str]) -> list[str]:
         if not groups:
             return argv
         return _wrap(sorted({g / "cgroup.procs" for g in groups.values()}), argv)
 
+    def limit_hit(self, groups: dict[str, Path]) -> ActionFailed | None:
+        """The failure of an action (its processes ended) that reached one of its limits: a
+        fork refused, or a process killed for memory. Its result is not kept even where it
+        exited 0: what it made may depend on a process it could not start or that was killed."""
+        limits = self.limits or Limits(0, 0, 0, 0)
+        if "pids" in groups and self.pids is not None and self.pids.refused(groups["pids"]):
+            return ActionFailed(
+                f"stopped at its task limit: a new process or thread was refused ({limits.tasks} at once for "
+                f"one action, {limits.all_tasks} for all running actions together)",
+                hint=f"an action that needs more: set {TASKS_VARIABLE} (at most {limits.all_tasks} here)")
+        if "memory" in groups and self.memory is not None and self.memory.oom_killed(groups["memory"]):
+            return ActionFailed(
+                f"killed for memory: a process went over its memory limit ({limits.memory_mb} MiB for one "
+                f"action, {limits.all_memory_mb} MiB for all running actions together: the host's memory "
+                "less what is kept for bgraph)",
+                hint=f"run fewer actions at once (-j), or set {MEMORY_VARIABLE} (at most {limits.all_memory_mb} here)")
+        return None
+
     def cpu_s(self, groups: dict[str, Path]) -> float | None:
+        """The action's CPU seconds. The sandbox reads this first once the action's process has
+        ended, so an action that reached one of its limits is failed here (limit_hit)."""
+        hit = self.limit_hit(groups)
+        if hit is not None:
+            raise hit
         return self.cpu.cpu_s(groups["cpu"]) if "cpu" in groups else None
 
     def peak_mb(self, groups: dict[str, Path]) -> int | None:
         return self.memory.peak_mb(groups["memory"]) if "memory" in groups else None
 
     def remove(self, groups: dict[str, Path]) -> None:
+        with self._lock:
+            self._live = [g for g in self._live if g is not groups]
         for group in set(groups.values()):
             _remove(group)
+
+
+def _kill(group: Path) -> None:
+    """SIGKILL every process in `group` (cgroup v2's cgroup.kill where there is one; else each
+    listed process, again until none is left: one may have forked meanwhile)."""
+    if (group / "cgroup.kill").exists():
+        (group / "cgroup.kill").write_text("1")
+        return
+    for _ in range(100):
+        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _remove(group: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,138 @@ cmd = "head -c 200000000 /dev/zero > /tmp/big && head -c 100000000 /dev/zero > $
     left = [g for g in accounting.memory.base.iterdir() if g.is_dir()
             and g.name.partition("-")[0].isdigit() and not Path(f"/proc/{g.name.partition('-')[0]}").exists()]
     assert left == []
+
+
+# -- limits (red-team K14 hole 3) -----------------------------------------------------------------
+# many: 40 processes at once, ok only when every one could be started; stuck: 100 threads waiting
+# on an event never set (Python waits for them at exit: it never ends by itself).
+MANY = {"targets/p.toml": '''[many]
+kind = "genrule"
+outs = ["o.txt"]
+cmd = "for i in $(seq 40); do sleep 1 & done; wait; echo ok > $OUT/o.txt"
+
+[stuck]
+kind = "genrule"
+outs = ["o.txt"]
+cmd = "/usr/bin/python3 -c 'import threading\\ne = threading.Event()\\nfor i in range(100): threading.Thread(target=e.wait).start()'; echo ok > $OUT/o.txt"
+
+[tmpfs]
+kind = "genrule"
+outs = ["o.txt"]
+cmd = "head -c 300000000 /dev/zero > /tmp/big; echo ok > $OUT/o.txt"
+'''}
+
+
+def test_limits_of_the_host_and_their_overrides():
+    from build_graph.cgroups import ACTION_TASKS, Limits, _host_tasks
+    from build_graph.errors import UsageError
+
+    limits = Limits.of_host({}, memory_mb=16384)
+    assert limits.all_tasks == int(_host_tasks() * 3 / 4) and limits.tasks == min(ACTION_TASKS, limits.all_tasks)
+    assert limits.all_memory_mb == limits.memory_mb == 16384 - 2048  # an eighth kept for bgraph
+    assert Limits.of_host({}, memory_mb=4096).all_memory_mb == 4096 - 1024  # at least 1 GiB kept
+    small = Limits.of_host({"BGRAPH_ACTION_TASKS": "16", "BGRAPH_ACTION_MEMORY_MB": "64"}, memory_mb=16384)
+    assert (small.tasks, small.memory_mb, small.all_memory_mb) == (16, 64, 14336)
+    # An action's own limit never above all actions' together.
+    big = Limits.of_host({"BGRAPH_ACTION_TASKS": str(10 ** 9), "BGRAPH_ACTION_MEMORY_MB": str(10 ** 9)}, 16384)
+    assert (big.tasks, big.memory_mb) == (big.all_tasks, 14336)
+    for bad in ("x", "0", "-3", "1.5"):
+        with pytest.raises(UsageError) as e:
+            Limits.of_host({"BGRAPH_ACTION_TASKS": bad})
+        assert "BGRAPH_ACTION_TASKS" in str(e.value) and "hint:" in str(e.value)
+
+
+def test_each_actions_groups_get_its_limits(tmp_path):
+    """In a fake hierarchy (groups are plain directories): the pids and memory groups are
+    written their limits; a fork refused or an OOM kill in them is one failure naming the limit."""
+    from build_graph.cgroups import Accounting, CpuAccounting, Limits, MemoryAccounting, PidsLimit
+    from build_graph.errors import ActionFailed
+
+    root = tmp_path / "sys"
+    for d in ("cpuacct/bgraph", "memory/bgraph", "pids/bgraph", "v2/bgraph-actions"):
+        (root / d).mkdir(parents=True)
+    limits = Limits(tasks=100, all_tasks=1000, memory_mb=64, all_memory_mb=512)
+    accounting = Accounting(CpuAccounting(root / "cpuacct/bgraph", 1), MemoryAccounting(root / "memory/bgraph", 1),
+                            PidsLimit(root / "pids/bgraph", 1), limits)
+    groups = accounting.new_groups()
+    assert set(groups) == {"cpu", "memory", "pids"} and groups["pids"].parent == root / "pids/bgraph"
+    assert (groups["pids"] / "pids.max").read_text() == "100"
+    assert (groups["memory"] / "memory.limit_in_bytes").read_text() == str(64 << 20)
+    assert str(groups["pids"] / "cgroup.procs") in accounting.wrap(groups, ["x"])
+    (groups["cpu"] / "cpuacct.usage").write_text("2000000000\n")
+    (groups["pids"] / "pids.events").write_text("max 0\n")
+    (groups["memory"] / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    assert accounting.limit_hit(groups) is None and accounting.cpu_s(groups) == 2.0
+    (groups["pids"] / "pids.events").write_text("max 3\n")
+    with pytest.raises(ActionFailed) as e:
+        accounting.cpu_s(groups)  # the first figure the sandbox reads once the process has ended
+    assert "task limit" in e.value.message and "100 at once" in e.value.message
+    assert "BGRAPH_ACTION_TASKS" in e.value.hint and "\n" not in e.value.message
+    (groups["pids"] / "pids.events").write_text("max 0\n")
+    (groups["memory"] / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    hit = accounting.limit_hit(groups)
+    assert "killed for memory" in hit.message and "64 MiB" in hit.message and "BGRAPH_ACTION_MEMORY_MB" in hit.hint
+    accounting.remove(groups)
+    # cgroup v2: one group for all three; memory.max and memory.events.
+    v2 = Accounting(CpuAccounting(root / "v2/bgraph-actions", 2), MemoryAccounting(root / "v2/bgraph-actions", 2),
+                    PidsLimit(root / "v2/bgraph-actions", 2), limits)
+    groups = v2.new_groups()
+    assert groups["cpu"] == groups["memory"] == groups["pids"]
+    assert (groups["pids"] / "memory.max").read_text() == str(64 << 20) and (groups["pids"] / "pids.max").read_text() == "100"
+    (groups["pids"] / "pids.events").write_text("max 0\n")
+    (groups["pids"] / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n")
+    assert "killed for memory" in v2.limit_hit(groups).message
+    v2.remove(groups)
+
+
+def test_a_host_without_pids_groups_gets_none(tmp_path):
+    from build_graph.cgroups import PidsLimit
+
+    (tmp_path / "cgroup").write_text("4:memory:/x\n0::/\n")
+    assert PidsLimit.probe(root=tmp_path / "sys", self_cgroup=tmp_path / "cgroup") is None
+
+
+def _limited_accounting():
+    from build_graph.cgroups import Accounting
+
+    accounting = Accounting.probe()
+    if accounting.pids is None or accounting.memory is None:
+        pytest.skip("no pids or memory cgroup here: actions' limits are untested. " + no_cgroup_reason())
+    return accounting
+
+
+@requires_bwrap
+def test_an_action_over_its_task_limit_fails_with_one_line(make_ws):
+    accounting = _limited_accounting()
+    assert accounting.limits.all_tasks < int(Path("/proc/sys/kernel/pid_max").read_text())
+    ws = make_ws(MANY)
+    # A limit of 16 (bwrap and the shell take 3): the 40 sleeps cannot all start.
+    run = ws.build("//p:many", env={"BGRAPH_ACTION_TASKS": "16"})
+    assert run.rc != 0, run.output
+    assert "stopped at its task limit: a new process or thread was refused (16 at once for one action" in run.output
+    assert "hint: an action that needs more: set BGRAPH_ACTION_TASKS" in run.output
+    assert "Traceback" not in run.output
+    # Threads waiting on one that could not start: the action would never end by itself.
+    start = time.monotonic()
+    stuck = ws.cli("build", "--json", "//p:stuck", env={"BGRAPH_ACTION_TASKS": "16"}, timeout=60)
+    assert stuck.rc != 0 and "stopped at its task limit" in stuck.output, stuck.output
+    assert time.monotonic() - start < 30
+    # The default limit lets it run; its group is gone after it.
+    ok = ws.build("//p:many")
+    assert ok.rc == 0, ok.output
+    left = [g for g in accounting.pids.base.iterdir() if g.is_dir()
+            and g.name.partition("-")[0].isdigit() and not Path(f"/proc/{g.name.partition('-')[0]}").exists()]
+    assert left == []
+
+
+@requires_bwrap
+def test_an_action_over_its_memory_limit_is_killed_and_fails_with_one_line(make_ws):
+    _limited_accounting()
+    ws = make_ws(MANY)
+    # 286 MiB into the sandbox's tmpfs /tmp (memory, not reclaimable) with a limit of 64 MiB.
+    run = ws.build("//p:tmpfs", env={"BGRAPH_ACTION_MEMORY_MB": "64"})
+    assert run.rc != 0, run.output
+    assert "killed for memory: a process went over its memory limit (64 MiB for one action" in run.output
+    assert "Traceback" not in run.output
+    ok = ws.build("//p:tmpfs")
+    assert ok.rc == 0, ok.output
