@@ -302,6 +302,9 @@ def test_an_action_over_its_task_limit_fails_with_one_line(make_ws):
     stuck = ws.cli("build", "--json", "//p:stuck", env={"BGRAPH_ACTION_TASKS": "16"}, timeout=60)
     assert stuck.rc != 0 and "stopped at its task limit" in stuck.output, stuck.output
     assert time.monotonic() - start < 30
+    bad = ws.build("//p:many", env={"BGRAPH_ACTION_TASKS": "lots"})
+    assert bad.rc != 0 and "BGRAPH_ACTION_TASKS='lots' is not a whole number of at least 1" in bad.output
+    assert "Traceback" not in bad.output
     # The default limit lets it run; its group is gone after it.
     ok = ws.build("//p:many")
     assert ok.rc == 0, ok.output
