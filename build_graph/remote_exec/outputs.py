@@ -5,7 +5,9 @@ blobs the server lacks uploaded (FindMissingBlobs, then BatchUpdateBlobs or Byte
 The action decides what lies there: directories are walked iteratively and by file descriptor
 (any depth up to MAX_DEPTH, any path length), only regular files are opened, a sparse file is
 stored sparse (its holes cost the cache no disk) and a big blob is uploaded a chunk at a time,
-never held in memory whole."""
+never held in memory whole. A file over the size bounds local builds keep (cas.MAX_OUTPUT_FILE,
+MAX_OUTPUT_TOTAL) is refused by its size before it is read: hashing and uploading read every
+byte, a sparse file's holes too."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from build_graph.model import FileEntry
-from build_graph.store.cas import LocalCas, copy_sparse, enter_dir
+from build_graph.store.cas import LocalCas, copy_sparse, enter_dir, output_size_problem
 from build_graph.store.remote import RemoteUnavailable
 
 MAX_DEPTH = 256  # an output directory nested deeper is refused (as input roots are)
@@ -37,6 +39,15 @@ class Collected:
         self.symlinks: list = []
         self.directories: list = []
         self.blobs: dict[str, tuple[int, object]] = {}
+        self.size = 0  # bytes of the output files stored so far (cas.MAX_OUTPUT_TOTAL)
+
+    def sized(self, rel: str, size: int) -> None:
+        """Count an output file of `size` bytes before it is read: one over the bounds local
+        builds keep (cas.output_size_problem) is BadOutput, never hashed nor uploaded."""
+        problem = output_size_problem(rel, size, self.size)
+        if problem:
+            raise BadOutput(problem)
+        self.size += size
 
     def blob(self, entry: FileEntry, source) -> None:
         """Name a blob to upload: `source` is a local path or the bytes themselves."""
@@ -57,12 +68,13 @@ def collect(pb, cas: LocalCas, host_of, outputs: list[str], working_directory: s
         if stat.S_ISLNK(st.st_mode):
             got.symlinks.append(pb.OutputSymlink(path=rel, target=os.readlink(host)))
         elif stat.S_ISREG(st.st_mode):
+            got.sized(rel, st.st_size)
             entry = _store(cas, host, st)
             got.blob(entry, cas.blob_path(entry.digest))
             got.files.append(pb.OutputFile(path=rel, digest=pb.Digest(hash=entry.digest, size_bytes=entry.size),
                                            is_executable=entry.executable))
         elif stat.S_ISDIR(st.st_mode):
-            tree, root = _tree(pb, cas, Path(host), got)
+            tree, root = _tree(pb, cas, Path(host), got, rel)
             data = tree.SerializeToString()
             tree_entry = cas.put_bytes(data)
             got.blob(tree_entry, data)
@@ -111,7 +123,7 @@ def _name(name: str, where: str) -> str:
     return name
 
 
-def _tree(pb, cas: LocalCas, top: Path, got: Collected):
+def _tree(pb, cas: LocalCas, top: Path, got: Collected, rel: str = ""):
     """The REAPI Tree of directory `top` (its root and every directory below, once each by
     digest) and its root Directory's digest; every file is stored and named for upload. Walked
     with a stack of open directories, not recursion; deeper than MAX_DEPTH is BadOutput."""
@@ -149,6 +161,7 @@ def _tree(pb, cas: LocalCas, top: Path, got: Collected):
             if stat.S_ISLNK(st.st_mode):
                 msg.symlinks.add(name=name, target=_name(os.readlink(name, dir_fd=fd), str(top)))
             elif stat.S_ISREG(st.st_mode):
+                got.sized(posixpath.join(rel, *(f[4] for f in stack[1:]), name), st.st_size)
                 entry = _store(cas, name, st, fd)
                 got.blob(entry, cas.blob_path(entry.digest))
                 msg.files.add(name=name, digest=pb.Digest(hash=entry.digest, size_bytes=entry.size),

@@ -49,6 +49,33 @@ LAYOUT_VERSION = "v1"
 FIXED_MTIME = 315532800
 log = logging.getLogger("bgraph.store")
 CHUNK = 1 << 20
+# An output file over this many bytes, or one that takes an ingest's (one action's) files over
+# MAX_OUTPUT_TOTAL, is refused before it is hashed (red-team K14): the hash reads every byte, a
+# sparse file's holes too, so `truncate -s 1T` costs the action nothing and bgraph ~47 min per TiB
+# here (a remote worker the same, then an upload of the whole size). A fixed bound, not one from
+# the cache disk's free space: a sparse file takes no space. 64 GiB hashes in about 3 minutes
+# here and keeps real large outputs (a disk image, a model's weights) possible.
+MAX_OUTPUT_FILE = 64 << 30
+MAX_OUTPUT_TOTAL = 256 << 30
+
+
+def output_size_problem(rel: str, size: int, before: int) -> str | None:
+    """Why output file `rel` of `size` bytes, after `before` bytes of the same action's, is
+    refused (one line), or None."""
+    if size > MAX_OUTPUT_FILE:
+        return (f"output {rel} is {size} bytes, over the {_bound(MAX_OUTPUT_FILE)} an output file may be "
+                "(refused before it is hashed: a sparse file's holes are read too)")
+    if before + size > MAX_OUTPUT_TOTAL:
+        return (f"outputs reach {before + size} bytes with {rel}, over the {_bound(MAX_OUTPUT_TOTAL)} an "
+                "action's outputs may be together (refused before it is hashed)")
+    return None
+
+
+def _bound(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 and not n % (1 << 30) else f"{n} bytes"
+
+
+OUTPUT_SIZE_HINT = "have the action make smaller outputs: split or compress them (a sparse file counts its whole size)"
 
 
 class CorruptBlob(StoreError):
@@ -1066,9 +1093,11 @@ class LocalCas:
         refused, as the rest of bgraph (and a path) could not hold it."""
         entries: dict[str, object] = {}
         starts = [root / p for p in paths] if paths is not None else [root]
+        total = 0  # bytes of the files taken so far (MAX_OUTPUT_TOTAL)
         for start in starts:
             if start.is_symlink() or start.is_file():
                 rel = start.relative_to(root).as_posix()
+                total = _sized(start, rel, total)
                 entries[rel] = self._entry(start, move)
                 continue
             if not start.exists():
@@ -1095,6 +1124,7 @@ class LocalCas:
                     if is_dir:
                         pending.append(rel)
                     else:
+                        total = _sized(root / rel, rel, total)
                         entries[rel] = self._entry(root / rel, move)
                 if not listed and rel_d:
                     entries[rel_d] = DirEntry()
@@ -1110,3 +1140,18 @@ class LocalCas:
         if not p.is_file():
             raise StoreError(f"{p.name}: not a regular file, directory or symlink")
         return self.put_file(p, move=move)
+
+
+def _sized(p: Path, rel: str, before: int) -> int:
+    """`before` plus the size of `p` where it is a regular file (never followed); an output over
+    the bounds (output_size_problem) is a StoreError."""
+    try:
+        st = p.lstat()
+    except OSError:
+        return before  # _entry says what is wrong with it
+    if not stat.S_ISREG(st.st_mode):
+        return before
+    problem = output_size_problem(rel, st.st_size, before)
+    if problem:
+        raise StoreError(problem, hint=OUTPUT_SIZE_HINT)
+    return before + st.st_size
