@@ -266,7 +266,7 @@ class BwrapRunner:
                 layout = _stage(out_dir, staged, action.staged)
             for o in () if whole else action.outputs:
                 if "/" in o:
-                    (out_dir / o).parent.mkdir(parents=True, exist_ok=True)
+                    _make_parents(out_dir, o, action.name)
             start = time.monotonic()
             proc, groups, outputs = self._start(action, out_dir)
             try:
@@ -551,6 +551,24 @@ class _Layout:
 
     def __init__(self, links: dict[str, str], dirs: dict[str, tuple | None]):
         self.links, self.dirs = links, dirs
+
+
+def _make_parents(out_dir: Path, output: str, where: str) -> None:
+    """Make the directories a declared output lies in, never through a link: a staged layout's
+    links lead into the sandbox's mounts, which on the host are other paths (mkdir through one
+    would make a host directory, or fail with a traceback)."""
+    here = out_dir
+    for part in output.split("/")[:-1]:
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            here.mkdir()
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise SandboxError(f"declared output {output!r} lies below {here.relative_to(out_dir)}, which the "
+                               "staged build directory holds as an input, not a directory", where=where,
+                               hint="declare outputs at paths the build directory leaves free")
 
 
 def _stage(out_dir: Path, tree: Tree, mount: str) -> _Layout:

@@ -100,3 +100,18 @@ def test_another_tree_is_staged_in_an_empty_directory(runner):
     assert "/bgraph/build/build.ninja" in seen and "gen" not in seen, seen
     runner.close()
     assert not _act_dirs(runner)
+
+
+@requires_bwrap
+def test_an_output_below_a_staged_input_is_refused_not_made_through_its_link(runner):
+    """A declared output's directories were made with mkdir(parents=True) through the staged
+    layout's links, which lead into the sandbox's mounts: on the host, other paths (K15)."""
+    from build_graph.errors import SandboxError
+    from build_graph.model import Action
+
+    tree = _build_dir(runner.cas)
+    action = Action(name="edge", mnemonic="NinjaEdge", env=(("PATH", "/usr/bin"),), argv=("/usr/bin/true",),
+                    inputs=(("/bgraph/build", tree),), outputs=("gen/a.cu/sub/x.o",), host_paths=("/usr",),
+                    staged="/bgraph/build")
+    with pytest.raises(SandboxError, match="lies below gen/a.cu"):
+        runner.run(action)
