@@ -469,11 +469,7 @@ class Accounting:
         return None
 
     def cpu_s(self, groups: dict[str, Path]) -> float | None:
-        """The action's CPU seconds. The sandbox reads this first once the action's process has
-        ended, so an action that reached one of its limits is failed here (limit_hit)."""
-        hit = self.limit_hit(groups)
-        if hit is not None:
-            raise hit
+        """The action's CPU seconds."""
         return self.cpu.cpu_s(groups["cpu"]) if "cpu" in groups else None
 
     def peak_mb(self, groups: dict[str, Path]) -> int | None:

@@ -65,9 +65,18 @@ def find_bwrap() -> str:
 def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None = None) -> tuple[HostTool, ...]:
     """Identify host binaries by resolved path, first line of `--version` and content digest.
     `known` (path -> what an earlier probe found, with the binary's stat stamp) is used while
-    the stamp holds, and updated: a no-op build then hashes and runs nothing."""
+    the stamp holds, and updated: a no-op build then hashes and runs nothing. The `--version`
+    run is sandboxed (_sandboxed_version): bgraph never runs a tool on the host."""
+    from build_graph.rules.host_tools import refused_tool  # (the rules import this module's callers)
+
     tools = []
     for p in paths:
+        # Judged again here, not only at load: a kept parse skips the validators, and a link on
+        # the way may have moved since.
+        refused = refused_tool(p)
+        if refused is not None:
+            raise SandboxError(f"host tool {refused}", hint="list host binaries (such as /usr/bin/gcc) in "
+                               "host_tools.tools; a workspace file is a source")
         real = os.path.realpath(p)
         try:
             st = os.stat(real)
@@ -88,15 +97,76 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
 
 
 def _probe_host_tool(p: str, real: str, digester) -> tuple[str, str]:
-    digest = hash_file(real, digester)
+    return _sandboxed_version(p), hash_file(real, digester)
+
+
+PROBE_TIMEOUT_S = 20
+PROBE_OUTPUT_CAP = 64 << 10  # bytes read of each stream; only the first line is kept
+PROBE_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}  # as the host probe had: version lines unchanged
+# What the probe mounts: every directory a host_tools target may mount (rules/host_tools.py), so a
+# tool sees its libraries and /etc/alternatives links as an action would, and nothing else.
+PROBE_DIRS = ("/usr", "/etc", "/opt")
+PROBE_TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def probe_command(bwrap: str, p: str) -> list[str]:
+    """The bwrap command that runs `p --version` as an action runs: no capability, no network,
+    own namespaces, read-only /proc, the system directories read-only, and `p` itself."""
+    args = [bwrap, "--unshare-all", *NO_CAPABILITIES, *nesting_options(bwrap), "--die-with-parent",
+            "--new-session", "--hostname", "bgraph", *READ_ONLY_PROC, "--dev", "/dev", "--tmpfs", "/tmp"]
+    for d in PROBE_DIRS:
+        if os.path.isdir(d) and not os.path.islink(d):
+            args += ["--ro-bind", d, d]
+    for top in PROBE_TOP:
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    from build_graph.rules.host_tools import _system_dir
+    if not _system_dir(os.path.dirname(os.path.normpath(p))):
+        args += ["--ro-bind", p, p]  # a tool elsewhere: by itself, as plan_host_tools mounts it
+    return args + ["--chdir", "/", "--", p, "--version"]
+
+
+def _sandboxed_version(p: str) -> str:
+    """The first line `p --version` prints (stdout, else stderr) inside the probe's sandbox, or ""
+    where it fails, hangs past PROBE_TIMEOUT_S or cannot start. Each stream is read up to
+    PROBE_OUTPUT_CAP bytes; a tool that writes more is killed."""
+    import selectors
+
     try:
-        out = subprocess.run([p, "--version"], capture_output=True, text=True, timeout=20,
-                             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
-        text = (out.stdout or out.stderr).strip()
-        version = text.splitlines()[0] if text else ""
-    except (OSError, subprocess.TimeoutExpired):
-        version = ""
-    return version, digest
+        proc = subprocess.Popen(probe_command(find_bwrap(), p), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(PROBE_ENV))
+    except OSError:
+        return ""
+    got = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    try:
+        with selectors.DefaultSelector() as sel:
+            for f in got:
+                sel.register(f, selectors.EVENT_READ)
+            while sel.get_map() and time.monotonic() < deadline:
+                for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    got[key.fileobj] += chunk
+                if any(len(buf) > PROBE_OUTPUT_CAP for buf in got.values()):
+                    break  # endless output: no version line needs this much
+        proc.wait(timeout=0.5 if time.monotonic() < deadline else 0)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:  # killing bwrap ends the sandbox (--die-with-parent, own PID namespace)
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    for buf in got.values():  # stdout first
+        text = bytes(buf[:PROBE_OUTPUT_CAP]).decode("utf-8", "replace").strip()
+        if text:
+            return text.splitlines()[0]
+    return ""
 
 
 # An action holds no capability, as root too: bwrap keeps root's unless told, and with them an
@@ -286,6 +356,9 @@ class BwrapRunner:
                     self._procs.discard(proc)
             end = time.monotonic()
             duration = end - start
+            hit = self.accounting.limit_hit(groups)  # a fork refused or a process killed for memory
+            if hit is not None:
+                raise ActionFailed(hit.message, where=action.name, hint=hit.hint)
             cpu_s = self.accounting.cpu_s(groups)
             peak_mb = self.accounting.peak_mb(groups) if sampler is None else sampler.peak_kb // 1024
             if stamps is not None:
