@@ -21,8 +21,10 @@ This module knows keys, stored blobs and traces, never rules.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
@@ -243,11 +245,25 @@ class Contents:
                     return entry.digest, lambda e=entry: self._content(e.digest, e)
         if any(path.startswith(h.rstrip("/") + "/") for h in action.host_paths):
             def read_host() -> bytes | None:
+                # Only what the sandbox shows: a host link under a mounted path may lead out of
+                # every mount (/usr/lib/ssl/private -> /etc/ssl/private), and a depfile an action
+                # writes may name it; nor a FIFO or device, which would block or never end.
+                real = os.path.realpath(path)
+                if not any(real.startswith(h.rstrip("/") + "/") for h in action.host_paths):
+                    return None
                 try:
-                    with open(path, "rb") as f:
+                    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:
+                    return None
+                try:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        return None
+                    with os.fdopen(fd, "rb", closefd=False) as f:
                         return f.read()
                 except OSError:
                     return None
+                finally:
+                    os.close(fd)
             return path, read_host
         return "", None
 
