@@ -130,6 +130,23 @@ def has_shell(options: list[str]) -> bool:
     return resolves(SHELL, binds, links, host_lookup)
 
 
+_ACCOUNTING = None  # cgroups.Accounting, probed once per worker process (its limit watcher too)
+_ACCOUNTING_LOCK = threading.Lock()
+
+
+def accounting():
+    """The worker's cgroups: each lease's process in groups of its own, bounded as a local
+    action's are (cgroups.py: tasks and memory), so a fork bomb or a runaway lease cannot take
+    the worker's host, its heartbeat or its other leases down."""
+    global _ACCOUNTING
+    with _ACCOUNTING_LOCK:
+        if _ACCOUNTING is None:
+            from build_graph.cgroups import Accounting
+
+            _ACCOUNTING = Accounting.probe()
+        return _ACCOUNTING
+
+
 class Process:
     """The sandboxed command of one lease; kill() may be called from another thread."""
 
@@ -148,6 +165,12 @@ class Process:
             handed = handover(env, lambda: has_shell(options))
         except EnvironmentRefused as e:  # the worker's INVALID_ARGUMENT: no other worker would run it
             raise BadInput(str(e)) from None
+        self._stderr = stderr
+        self._accounting = accounting()
+        try:
+            self._groups = self._accounting.new_groups()
+        except OSError:  # none can be made now: the lease runs unbounded, as where the host has none
+            self._groups = {}
         opts = memfd("options")
         status = memfd("status")
         self._status = status
@@ -157,12 +180,14 @@ class Process:
                                                                  "--json-status-fd", str(status)]))
             os.lseek(opts, 0, os.SEEK_SET)
             stdin = stdin_fd(handed.script)
+            command = self._accounting.wrap(self._groups, [*launcher, self.bwrap, "--args", str(opts), "--",
+                                                           *handed.prefix, *argv])
             with open(stdout, "wb") as out, open(stderr, "wb") as err:
-                self.proc = subprocess.Popen([*launcher, self.bwrap, "--args", str(opts), "--", *handed.prefix, *argv],
-                                             env=dict(HOST_ENV), stdout=out, stderr=err, stdin=stdin,
+                self.proc = subprocess.Popen(command, env=dict(HOST_ENV), stdout=out, stderr=err, stdin=stdin,
                                              pass_fds=(opts, status), start_new_session=True)
         except BaseException:
             os.close(status)
+            self._accounting.remove(self._groups)
             raise
         finally:
             os.close(opts)
@@ -213,8 +238,10 @@ class Process:
         end = time.time()
         try:
             text = read_memfd(self._status).decode(errors="replace")
+            hit = self._accounting.limit_hit(self._groups) if self._groups else None
         finally:
             os.close(self._status)
+            self._accounting.remove(self._groups)
         started = "child-pid" in text
         code = self.proc.returncode
         for doc in text.replace("}{", "}\n{").splitlines():
@@ -224,4 +251,8 @@ class Process:
                 continue
             if "exit-code" in parsed:
                 code = parsed["exit-code"]
+        if hit is not None:  # a fork refused or a process killed for memory: an ordinary failure, said in its stderr
+            with open(self._stderr, "ab") as err:
+                err.write(f"\nbgraph worker: {hit.render()}\n".encode())
+            code = code or 1
         return Ended(exit_code=code, started=started, killed=self._killed, start=self.start, end=end)
