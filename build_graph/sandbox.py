@@ -76,7 +76,7 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
         refused = refused_tool(p)
         if refused is not None:
             raise SandboxError(f"host tool {refused}", hint="list host binaries (such as /usr/bin/gcc) in "
-                               "host_tools.tools; a workspace file is a source")
+                               "host_tools.tools; a script the workspace ships is a source")
         real = os.path.realpath(p)
         try:
             st = os.stat(real)
@@ -122,8 +122,8 @@ def probe_command(bwrap: str, p: str) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    from build_graph.rules.host_tools import _system_dir
-    if not _system_dir(os.path.dirname(os.path.normpath(p))):
+    from build_graph.rules.host_tools import system_dir
+    if not system_dir(os.path.dirname(os.path.normpath(p))):
         args += ["--ro-bind", p, p]  # a tool elsewhere: by itself, as plan_host_tools mounts it
     return args + ["--chdir", "/", "--", p, "--version"]
 

@@ -29,9 +29,55 @@ SYSTEM_DIRS = ("/usr", "/etc", "/opt")  # and below them
 SYSTEM_TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # themselves (merged-/usr links)
 
 
-def _system_dir(path: str) -> bool:
+def system_dir(path: str) -> bool:
     """Whether `path` (normalised) is a system installation directory that `paths` may mount."""
     return path in SYSTEM_TOP or any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+# A tool is a host binary: none lies under the host's live state (/proc/self/cwd/... is whatever
+# directory bgraph runs in, /proc/PID/root/... another process's files).
+_NO_TOOL_DIRS = ("/proc", "/dev", "/sys")
+CACHE_MARK = ("v1", "tmp")  # what a bgraph cache directory holds (store/cas.py: LAYOUT_VERSION/tmp)
+
+
+def _under(path: str, dirs: tuple[str, ...]) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in dirs)
+
+
+def _bgraph_dir(real: str) -> str | None:
+    """The workspace (a directory holding WORKSPACE.toml) or bgraph cache that `real` (a resolved
+    path) lies in, else None."""
+    d = os.path.dirname(real)
+    while True:
+        if os.path.isfile(os.path.join(d, "WORKSPACE.toml")):
+            return f"the workspace {d}"
+        if os.path.isdir(os.path.join(d, *CACHE_MARK)):
+            return f"the bgraph cache {d}"
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def refused_tool(path: str) -> str | None:
+    """Why `path` may not be a tool (one line that names it), else None: it lies under /proc,
+    /dev or /sys, or its real path does, or lies in a workspace or a bgraph cache. bgraph probes
+    and mounts a tool as a host binary; a workspace's files are sources (keyed as such), and a
+    script shipped with one must never pass for the host's."""
+    norm = os.path.normpath(path)
+    if _under(norm, _NO_TOOL_DIRS):
+        return f"{path!r} lies under /proc, /dev or /sys, the host's live state, not a binary"
+    try:
+        real = os.path.realpath(path)
+    except OSError as e:  # a directory on the way that may not be searched
+        return f"{path!r} cannot be resolved ({e.strerror})"
+    if _under(real, _NO_TOOL_DIRS):
+        return f"{path!r} lies under /proc, /dev or /sys, the host's live state, not a binary"
+    inside = _bgraph_dir(real)
+    if inside is not None:
+        return f"{path!r} lies in {inside}" + (f" (it is {real})" if real != path else "") + \
+            ": a workspace's or cache's file is no host binary"
+    return None
 
 
 class HostToolsAttrs(Attrs):
@@ -50,6 +96,19 @@ class HostToolsAttrs(Attrs):
         for p in v:
             if not p.startswith("/"):
                 raise ValueError(f"{p!r} must be an absolute path")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _host_binaries(cls, v: list[str]) -> list[str]:
+        # Checked at load; probe_host_tools checks again before it reads or runs anything.
+        from build_graph.workspace import HINT  # (workspace imports the rules)
+
+        for p in v:
+            why = refused_tool(p)
+            if why is not None:
+                raise ValueError(why + HINT + "list host binaries (such as /usr/bin/gcc) in `tools`; a script "
+                                 "the workspace ships is a source: list it in srcs and run it from $SRC")
         return v
 
     @field_validator("paths")
@@ -74,7 +133,7 @@ class HostToolsAttrs(Attrs):
 
         for p in v:
             norm = os.path.normpath(p)
-            if not (_system_dir(norm) and _system_dir(os.path.realpath(norm))):
+            if not (system_dir(norm) and system_dir(os.path.realpath(norm))):
                 raise ValueError(
                     f"{p!r} is not a system installation directory (/usr, /etc, /opt or below them; /bin, /sbin, "
                     "/lib*): what an action reads under it joins no key, so an edit there would not rebuild"
@@ -88,7 +147,7 @@ def plan_host_tools(ctx: RuleContext) -> PlanGen:
     outside the system directories (which `paths` may mount) is mounted as itself, a file: it is
     keyed, and the rest of its directory stays out of the sandbox."""
     tools = ctx.probe_host(tuple(ctx.attrs.tools))
-    alone = [t for t in ctx.attrs.tools if not _system_dir(os.path.dirname(os.path.normpath(t)))]
+    alone = [t for t in ctx.attrs.tools if not system_dir(os.path.dirname(os.path.normpath(t)))]
     return TargetOutput(EMPTY_TREE, {"host_paths": list(ctx.attrs.paths) + alone,
                                      "host_tools": [[t.path, t.version, t.digest] for t in tools]})
     yield  # pragma: no cover - makes this a generator
