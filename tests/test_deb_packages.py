@@ -688,3 +688,24 @@ def test_real_packages_run_without_the_hosts_usr(make_ws):
                           text=True)
     assert grep.returncode == 0 and grep.stdout == "1\n", grep.stderr
     print(f"lock {lock_s:.1f}s, build {built.json['wall_s']:.1f}s, {built.json['executed']} actions")
+
+
+def test_deb_lock_is_never_written_or_read_through_a_symlink(make_ws, mirror, tmp_path):
+    """Red-team K15 hole 3: a workspace shipping `toolchains -> /outside` had the lock written there."""
+    ws = deb_ws(make_ws, [mirror.url])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws.root / "toolchains").symlink_to(outside)
+    run = ws.cli("deb", "lock")
+    assert run.rc != 0
+    assert "lock path toolchains/tools.lock.json: toolchains is a symlink" in one_error_line(run)
+    assert list(outside.iterdir()) == []
+    # the lock itself a link to a host file: neither read nor replaced
+    (ws.root / "toolchains").unlink()
+    (ws.root / "toolchains").mkdir()
+    host = outside / "config.json"
+    host.write_text('{"auths": {}}\n')
+    (ws.root / "toolchains/tools.lock.json").symlink_to(host)
+    run = ws.cli("deb", "lock")
+    assert run.rc != 0 and "toolchains/tools.lock.json is a symlink" in one_error_line(run)
+    assert host.read_text() == '{"auths": {}}\n'

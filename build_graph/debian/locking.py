@@ -6,8 +6,6 @@ rewritten only when its text changes, atomically. Nothing is stored in the build
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from build_graph.debian.resolve import resolve
 from build_graph.debian.sources import APT_ETC, configured_sources, suites_in_order
 from build_graph.errors import UsageError, where
 from build_graph.labels import Label
+from build_graph.lock_files import check_writable, read_lock, write_lock
 from build_graph.workspace import Workspace
 
 
@@ -53,7 +52,9 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
     s = session()
     indexes: dict[str, Index] = {}
     results = []
-    writes: list[tuple[Path, str]] = []  # written once every target resolved: an error changes no lock
+    writes: list[tuple[str, str]] = []  # written once every target resolved: an error changes no lock
+    for label in labels:  # a lock path through a symlink is refused before any index is read
+        check_writable(ws.root, ws.targets[label].attrs.lock)
     for label in labels:
         target = ws.targets[label]
         attrs = target.attrs
@@ -71,8 +72,7 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
             new[platform] = PlatformLock(tuple(attrs.roots(platform)), tuple(attrs.excluded(platform)),
                                          tuple(LockEntry.of(c) for c in res.packages))
             why[platform] = res.required_by
-        path = ws.root / attrs.lock
-        old_text = path.read_text() if path.is_file() else None
+        old_text = read_lock(ws.root, attrs.lock)
         note = ""
         try:
             old = parse(old_text, attrs.lock) if old_text is not None else {}
@@ -81,11 +81,11 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
         text = render(new)
         changes = [_with_why(line, why) for line in diff(old, new)]
         if text != old_text:
-            writes.append((path, text))
+            writes.append((attrs.lock, text))
         totals = {p: (len(pl.packages), sum(e.size for e in pl.packages)) for p, pl in new.items()}
         results.append(LockResult(str(label), attrs.lock, text != old_text, changes, totals, note))
     for path, text in writes:
-        _write_atomically(path, text)
+        write_lock(ws.root, path, text)
     return results
 
 
@@ -97,16 +97,3 @@ def _with_why(line: str, why: dict[str, dict[str, tuple[str, str]]]) -> str:
     name = rest.split()[1]
     parent = why.get(platform, {}).get(name)
     return f"{line} (for {parent[0]})" if parent else f"{line} (root)"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

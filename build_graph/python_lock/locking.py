@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlparse
 
-from build_graph.debian.locking import _write_atomically
 from build_graph.errors import UsageError, where
 from build_graph.labels import Label
+from build_graph.lock_files import check_writable, read_lock, write_lock
 from build_graph.python_lock.lockfile import (Lock, LockedWheel, LockInput, PyLockError, diff, normalize, parse,
                                               render)
 from build_graph.workspace import Workspace
@@ -83,7 +83,10 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
     version = subprocess.run([*uv, "--version"], capture_output=True, text=True).stdout.strip() or "uv"
     indexes = pip_indexes()
     results, writes = [], []
-    for path, targets in lock_targets(ws, labels).items():
+    by_path = lock_targets(ws, labels)
+    for path in by_path:  # a lock path through a symlink is refused before uv runs
+        check_writable(ws.root, path)
+    for path, targets in by_path.items():
         inputs = {lock_input(ws.targets[l].attrs) for l in targets}
         if len(inputs) != 1:
             raise UsageError(f"targets {', '.join(map(str, targets))} share {path} but ask for different "
@@ -95,8 +98,7 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
             platforms[platform] = resolve(uv, inp, platform, indexes, where(ws.targets[targets[0]].file,
                                                                            ws.targets[targets[0]].table, "requirements"))
         new = Lock(inp, f"{version} pip compile (PEP 751 pylock.toml)", platforms)
-        file = ws.root / path
-        old_text = file.read_text() if file.is_file() else None
+        old_text = read_lock(ws.root, path)
         notes = []
         try:
             old = parse(old_text, path) if old_text is not None else None
@@ -104,12 +106,12 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
             old, notes = None, [f"the old lock was not readable ({e.message}); replaced"]
         text = render(new)
         if text != old_text:
-            writes.append((file, text))
+            writes.append((path, text))
         totals = {p: (len(ws_), sum(w.size for w in ws_)) for p, ws_ in platforms.items()}
         results.append(PyLockResult([str(l) for l in targets], path, text != old_text, diff(old, new), totals,
                                     notes + pin_differences(ws, new)))
-    for file, text in writes:
-        _write_atomically(file, text)
+    for path, text in writes:
+        write_lock(ws.root, path, text)
     return results
 
 
