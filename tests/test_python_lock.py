@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import sys
 import threading
 import zipfile
 from functools import partial
@@ -234,3 +235,98 @@ def test_the_workspace_lock_fits_its_targets_and_pins_torch_as_the_workspace_doe
         assert not any(n in names for n in ("nvidia-driver", "nvidia-ml")), "no driver library in the closure"
     runtime = tomllib.loads((repo / "targets/runtime.toml").read_text())["vllm-cuda"]
     assert lock.input.requirements == tuple(sorted(runtime["requirements"]))
+
+
+# -- what reaches uv, and where it runs (red-team K15 hole 2) -------------------------------------------
+@pytest.mark.parametrize("line, name", [
+    ("six", "six"),
+    ("Foo.Bar[extra]>=1,<2; python_version >= '3.8'", "foo-bar[extra]<2,>=1; python_version >= \"3.8\""),
+    ("requirements.in", "requirements-in"),  # uv is given no dotted name: it may read one as a file
+    ("torch==2.14.0", "torch==2.14.0"),
+])
+def test_a_pep508_requirement_by_name_is_given_to_uv_in_packagings_form(line, name):
+    from build_graph.python_lock.requirements import canonical
+
+    assert canonical(line) == name
+
+
+class _Recording(_Quiet):
+    seen: list[str] = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.seen.append(self.path)
+        super().do_GET()
+
+
+@requires_uv
+def test_a_requirement_line_uv_would_obey_as_an_option_or_a_path_is_refused_at_load(tmp_path, index):
+    """`-e DIR` built the workspace's setup.py on the host, `-r FILE` read a host file into the error,
+    `--extra-index-url` asked a server the workspace named: each is refused, naming target, key and line."""
+    _, url = index
+    ws = _workspace(tmp_path, url)
+    ran = tmp_path / "setup-py-ran"
+    ws.write({"proj/setup.py": f"open({str(ran)!r}, 'w').write('ran')\n"
+                               "from setuptools import setup\nsetup(name='evilproj', version='1.0')\n"})
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret-token-xyzzy\n")
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Recording, directory=str(tmp_path)))
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    other = f"http://127.0.0.1:{attacker.server_address[1]}"
+    proj = ws.root / "proj"
+    try:
+        for line in ["-e ${PWD}/proj", f"-e {proj}", f"-r {secret}", f"--extra-index-url {other}/simple",
+                     f"--index-url {other}/simple", f"--find-links {other}/", f"evilproj @ file://{proj}",
+                     str(proj), "./proj", 'six; os_name == "$HOME"', "evilproj.tar.gz",
+                     f'bgdemo-core; os_name == "x --extra-index-url {other}/simple"', f"six # -e {proj}"]:
+            requirements = f'["bgdemo-app==1.0", {json.dumps(line)}]'
+            ws.write({"targets/py.toml": TARGETS.replace('["bgdemo-app==1.0"]', requirements)})
+            run = ws.cli("py", "lock")
+            assert run.rc != 0 and "Traceback" not in run.stderr, (line, run.output)
+            errors = [l for l in run.stderr.splitlines() if l.startswith("error:")]
+            assert len(errors) == 1 and "[env] key 'requirements'" in errors[0] and repr(line) in errors[0], \
+                (line, run.stderr)
+            assert not ran.exists(), f"{line!r} ran the workspace's setup.py"
+            assert "xyzzy" not in run.output and not _Recording.seen, (line, run.output, _Recording.seen)
+            assert not (ws.root / "locks").exists()
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+
+
+@requires_uv
+def test_uv_runs_in_a_directory_of_its_own_not_the_workspace(tmp_path, index):
+    """uv looks for an interpreter in its working directory: a workspace's `.venv/bin/python` ran on
+    the host while uv ran in the workspace."""
+    _, url = index
+    ws = _workspace(tmp_path, url)
+    ran = tmp_path / "venv-python-ran"
+    ws.write({".venv/pyvenv.cfg": f"home = {Path(sys.executable).parent}\nversion = 3.11.7\n",
+              ".venv/bin/python": f"#!/bin/sh\necho ran > {ran}\nexec {sys.executable} \"$@\"\n"})
+    (ws.root / ".venv/bin/python").chmod(0o755)
+    run = ws.cli("py", "lock")
+    assert run.rc == 0, run.output
+    assert not ran.exists(), "uv ran the workspace's .venv/bin/python"
+    assert "bgdemo-core" in (ws.root / "locks/app.lock.json").read_text()
+
+
+# -- the lock file is never read or written through a symlink (red-team K15 hole 3) ---------------------
+@requires_uv
+def test_py_lock_refuses_a_lock_path_through_a_symlink(tmp_path, index):
+    _, url = index
+    ws = _workspace(tmp_path, url)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws.root / "locks").symlink_to(outside)
+    run = ws.cli("py", "lock")
+    assert run.rc != 0 and "Traceback" not in run.stderr, run.output
+    assert "lock path locks/app.lock.json: locks is a symlink" in run.stderr and "hint:" in run.stderr, run.stderr
+    assert list(outside.iterdir()) == []
+    # the lock itself a link to a host file: neither read nor replaced (nor the link)
+    (ws.root / "locks").unlink()
+    (ws.root / "locks").mkdir()
+    host = outside / "config.json"
+    host.write_text('{"auths": {}}\n')
+    (ws.root / "locks/app.lock.json").symlink_to(host)
+    run = ws.cli("py", "lock")
+    assert run.rc != 0 and "lock path locks/app.lock.json is a symlink" in run.stderr, run.output
+    assert host.read_text() == '{"auths": {}}\n' and (ws.root / "locks/app.lock.json").is_symlink()

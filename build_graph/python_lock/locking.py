@@ -26,6 +26,7 @@ from build_graph.labels import Label
 from build_graph.lock_files import check_writable, read_lock, write_lock
 from build_graph.python_lock.lockfile import (Lock, LockedWheel, LockInput, PyLockError, diff, normalize, parse,
                                               render)
+from build_graph.python_lock.requirements import canonical
 from build_graph.workspace import Workspace
 
 UV_HINT = "install the resolver with `pip install uv` (any uv >= 0.8 writes PEP 751 pylock.toml)"
@@ -117,24 +118,40 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
 
 def resolve(uv: list[str], inp: LockInput, platform: str, indexes: list[str], loc: str) -> tuple[LockedWheel, ...]:
     """One `uv pip compile` for `platform`; its pylock.toml reduced to the platform's wheel per package."""
+    try:  # checked at load too; here as uv obeys whatever the requirements file says
+        lines = [canonical(r) for r in inp.requirements]
+    except ValueError as e:
+        raise PyLockError(str(e), where=loc, hint="name projects the indexes serve (PEP 508)") from None
     with tempfile.TemporaryDirectory(prefix="bgraph-pylock-") as tmp:
         req = Path(tmp) / "requirements.in"
-        req.write_text("".join(r + "\n" for r in inp.requirements))
+        req.write_text("".join(r + "\n" for r in lines))
         out = Path(tmp) / "pylock.toml"
         argv = [*uv, "pip", "compile", str(req), "--format", "pylock.toml", "-o", str(out), "--no-header",
-                "--no-config", "--quiet", "--refresh", "--python-version", inp.python, "--only-binary", ":all:",
+                "--no-config", "--quiet", "--refresh", "--python-version", inp.python,
+                # wheels only, and nothing built: --no-build also refuses a local project, where
+                # --only-binary :all: (which uv will not take with it) still builds an editable
+                "--no-build", "--no-sources", "--no-python-downloads",
+                # this interpreter: uv would otherwise look for one, and run a `.venv/bin/python` it
+                # finds in its directory or any above (the workspace's, or one planted in /tmp)
+                "--python", sys.executable,
                 "--python-platform", f"{_UV_ARCH[platform]}-manylinux_{inp.glibc.replace('.', '_')}",
                 # --refresh: a refresh must see releases made since uv cached the index pages;
                 # pip pools every index it is given and takes the best version: so does this lock
                 "--index-strategy", "unsafe-best-match", "--index-url", indexes[0],
                 *(a for extra in indexes[1:] for a in ("--extra-index-url", extra))]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        # a fresh directory (not the workspace) and an environment of bgraph's own: uv reads no
+        # project, config or UV_* setting the caller's shell or the workspace would bring
+        proc = subprocess.run(argv, capture_output=True, text=True, env=uv_environment(), cwd=tmp)
         if proc.returncode != 0:
             last = [l for l in proc.stderr.strip().splitlines() if l.strip()]
             raise PyLockError(f"uv found no resolution for {platform}: " + " ".join(l.strip() for l in last[-3:]),
                               where=loc, hint="change the requirements, or check the indexes pip is configured with")
         data = tomllib.loads(out.read_text())
+    for package in data.get("packages", []):
+        source = next((k for k in ("directory", "archive", "vcs") if k in package), None)
+        if source:
+            raise PyLockError(f"uv resolved {package.get('name')} from a {source}, not from an index's wheels",
+                              where=loc, hint="name projects the indexes serve as wheels")
     tags = supported_tags(inp.python, inp.glibc, platform)
     chosen = []
     for package in data.get("packages", []):
@@ -168,6 +185,17 @@ def _size(wheel: dict) -> int:
         except (requests.RequestException, ValueError):
             return 0
     return 0
+
+
+# What uv may see of the caller's environment: where programs and the home (cache, netrc) are, and
+# how the network is reached. The indexes are passed as options, from pip's configuration.
+_UV_ENV = ("PATH", "HOME", "XDG_CACHE_HOME", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR",
+           "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def uv_environment() -> dict[str, str]:
+    """The environment uv runs with: only `_UV_ENV` of bgraph's own."""
+    return {k: os.environ[k] for k in _UV_ENV if k in os.environ}
 
 
 def supported_tags(python: str, glibc: str, platform: str) -> dict:

@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 from build_graph.errors import BgraphError
 from build_graph.model import TargetOutput, Tree
 from build_graph.python_lock.lockfile import LockInput, normalize, parse
+from build_graph.python_lock.requirements import parse_requirement
 from build_graph.rules.base import Attrs, Parallel, PlanGen, RuleContext, fetch
 from build_graph.rules.python_env import below_a_file, site_packages
 
@@ -48,8 +49,11 @@ class PythonLockAttrs(Attrs):
     @field_validator("requirements")
     @classmethod
     def _some(cls, v: list[str]) -> list[str]:
-        if not v or any(not r.strip() or "\n" in r for r in v):
+        if not v:
             raise ValueError("give one or more requirement lines (e.g. \"vllm==0.33.0\")")
+        # uv reads them from a requirements file, where an option line or a path would be obeyed
+        for line in v:
+            parse_requirement(line)
         return v
 
     def wants(self, name: str) -> bool:
@@ -100,8 +104,10 @@ def plan_python_lock(ctx: RuleContext) -> PlanGen:
 
 def _unpacked(ctx: RuleContext, lock: str, wheel) -> PlanGen:
     """Fetch one locked wheel (fixed output), then unpack it in-process."""
+    # The recorded size bounds the download (0: the index gave none); it is not in the key.
     [fetched] = yield [fetch(f"fetch {wheel.filename}", wheel.filename, wheel.sha256, "pypi",
-                             project=wheel.name, pin=f"{lock}: {wheel.name}")]
+                             project=wheel.name, pin=f"{lock}: {wheel.name}",
+                             **({"size": str(wheel.size)} if wheel.size > 0 else {}))]
     # The unpack holds the wheel's files in memory until they pass the checks (archive.py).
     unpack = dataclasses.replace(ctx.extract_action(fetched.tree, wheel.filename),
                                  memory_mb=256 + 3 * wheel.size // (1 << 20))
