@@ -67,7 +67,8 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
     `known` (path -> what an earlier probe found, with the binary's stat stamp) is used while
     the stamp holds, and updated: a no-op build then hashes and runs nothing. The `--version`
     run is sandboxed (_sandboxed_version): bgraph never runs a tool on the host."""
-    from build_graph.rules.host_tools import refused_tool  # (the rules import this module's callers)
+    # Imported here: the rules import this module's callers.
+    from build_graph.rules.host_tools import refused_tool
 
     tools = []
     for p in paths:
