@@ -183,6 +183,8 @@ class BuildRun:
             self.scheduler.cancel_pending()
             if self.e._sandbox is not None:
                 self.e._sandbox.stop()
+            if self.e._fetcher is not None:  # a download blocked in a read would hold join() up
+                self.e._fetcher.stop()
             self.scheduler.join()
             raise
         finally:

@@ -225,7 +225,7 @@ class Engine:
             with self._seams:
                 if self._fetcher is None:
                     from build_graph.fetcher import Fetcher
-                    self._fetcher = Fetcher(self.cas)
+                    self._fetcher = Fetcher(self.cas, self.ws.root)  # file: URLs may name its files
             return self._fetcher.run(action)
         if action.kind == "extract":
             return archive.extract(self.cas, action)

@@ -493,6 +493,31 @@ class UserConfig(Strict):
     """~/.config/bgraph/config.toml: settings of this user and machine, over the workspace's."""
 
     remote: dict[str, Any] = Field(default_factory=dict, description="overrides of WORKSPACE.toml [remote]")
+    fetch: dict[str, Any] = Field(default_factory=dict, description="downloads (FetchSettings); user config only")
+
+
+class FetchSettings(Strict):
+    """The user config's [fetch]: what only this user, never a workspace, may grant a download."""
+
+    file_url_dirs: list[str] = Field(default_factory=list,
+                                     description="absolute directories outside the workspace that file: URLs of "
+                                                 "pins and http_archive targets may read (or $BGRAPH_FILE_URL_DIRS)")
+
+
+def user_fetch_settings() -> dict[str, Any]:
+    """The user config's [fetch] table, checked ({} where there is no config file)."""
+    path = user_config_path()
+    if not path.is_file():
+        return {}
+    data, text = _read_toml(path, str(path))
+    try:
+        table = UserConfig.model_validate(data).fetch
+    except ValidationError as e:
+        raise _validation_error(e, str(path), text, []) from None
+    try:
+        return FetchSettings.model_validate(table).model_dump()
+    except ValidationError as e:
+        raise _validation_error(e, str(path), text, ["fetch"]) from None
 
 
 def remote_settings(ws: Workspace, overrides: dict[str, Any]) -> RemoteSection:

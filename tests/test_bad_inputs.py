@@ -114,6 +114,7 @@ def test_a_download_whose_bytes_differ_from_the_pin(make_ws, tmp_path):
     _tar_escaping(wrong)
     ws = make_ws({"WORKSPACE.toml": PIN.format(path=wrong),
                   "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n'})
+    ws.env["BGRAPH_FILE_URL_DIRS"] = str(tmp_path)  # outside the workspace: the user allows it
     run = ws.cli("build", "//p:x")
     assert run.rc == 1 and "sha256 mismatch" in run.stderr and "Traceback" not in run.output
 
@@ -124,6 +125,7 @@ def test_an_archive_entry_escaping_the_root(make_ws, tmp_path):
     sha = _tar_escaping(bad)
     ws = make_ws({"WORKSPACE.toml": PIN.format(path=bad).replace("f" * 64, sha),
                   "targets/p.toml": '[x]\nkind = "http_archive"\npin = "x"\n\n[u]\nkind = "extract"\nsrc = ":x"\n'})
+    ws.env["BGRAPH_FILE_URL_DIRS"] = str(tmp_path)  # outside the workspace: the user allows it
     run = ws.cli("build", "//p:u")
     assert run.rc == 1 and "escapes the archive root" in run.stderr and "Traceback" not in run.output
 

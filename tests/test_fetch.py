@@ -5,14 +5,20 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from pypi_simple import PYPI_SIMPLE_ENDPOINT
 
-from bgraph_testlib import action, requires_bwrap
+from bgraph_testlib import action, hermetic_env, requires_bwrap
 from build_graph.fetcher import http_session, pip_indexes
 
 PYPI = PYPI_SIMPLE_ENDPOINT.rstrip("/")  # pip's default index, named by a maintained library
@@ -226,3 +232,257 @@ def test_an_http_archive_url_naming_no_file_is_fetched_under_a_name_of_its_own(m
                                     f'sha256 = "{sha}"\n'})
     run = ws.cli("build", "//p:x")
     assert "fetch download" in run.output and "Traceback" not in run.output and "escapes" not in run.output, run.output
+
+
+# -- what a download may read and write (red-team K15 holes 4-6; build_graph/fetch_guard.py) -----------
+# No test here writes a big file: the large sources are sparse files, FIFOs, devices and servers that
+# stream, and every build runs under `ulimit -f` so that a bound that does not hold fails the test
+# (File too large) instead of filling the disk.
+SHA_F = "f" * 64
+FSIZE_KIB = 64 << 10  # 64 MiB: the most a build here may write into one file
+
+
+def url_ws(make_ws, url: str, sha: str = SHA_F):
+    return make_ws({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "{url}"\nsha256 = "{sha}"\n'})
+
+
+def capped(ws, *args: str, env: dict[str, str] | None = None, timeout: float = 60):
+    """`bgraph build ARGS` with RLIMIT_FSIZE at 64 MiB: (rc, stdout + stderr)."""
+    cmd = [sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache), "build", *args]
+    proc = subprocess.run(["sh", "-c", f'ulimit -f {FSIZE_KIB}; exec "$@"', "sh", *cmd], capture_output=True,
+                          check=False, text=True, timeout=timeout, env=hermetic_env({**ws.env, **(env or {})}), cwd=ws.root)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def one_error(output: str) -> str:
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    return errors[0]
+
+
+def left_in_tmp(ws) -> list[str]:
+    tmp = ws.cache / "v1" / "tmp"
+    return [n for n in os.listdir(tmp) if n.startswith("fetch-")] if tmp.exists() else []
+
+
+def test_a_file_url_outside_the_workspace_is_refused_and_its_digest_never_shown(make_ws, tmp_path):
+    """K15 hole 4: a url naming any host file printed its sha256 on a mismatch (an oracle for a
+    secret), and with the right sha256 the file went into the cache and the sandboxes."""
+    secret = tmp_path / "host" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("hunter2\n")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    for sha in (SHA_F, digest):
+        ws = url_ws(make_ws, f"file://{secret}", sha)
+        rc, out = capped(ws, "//p:a")
+        line = one_error(out)
+        assert rc == 1 and "outside the workspace" in line and digest not in out, out
+        assert "BGRAPH_FILE_URL_DIRS" in out and not left_in_tmp(ws)
+    # Nor does a link inside the workspace lead there.
+    ws = make_ws({"targets/p.toml": "", "vendor/s.txt": ""})
+    (ws.root / "vendor" / "s.txt").unlink()
+    (ws.root / "vendor" / "s.txt").symlink_to(secret)
+    (ws.root / "vendor2").symlink_to(secret.parent)
+    for path in ("vendor/s.txt", "vendor2/secret.txt"):
+        ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/{path}"\n'
+                                    f'sha256 = "{digest}"\n'})
+        rc, out = capped(ws, "//p:a")
+        assert rc == 1 and "outside the workspace" in one_error(out), out
+
+
+def test_a_mismatch_of_a_workspace_file_url_says_only_that_it_differs(make_ws):
+    ws = make_ws({"vendor/src.tar.gz": "not what was pinned\n"})
+    digest = hashlib.sha256(b"not what was pinned\n").hexdigest()
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/vendor/src.tar.gz"\n'
+                                f'sha256 = "{SHA_F}"\n'})
+    rc, out = capped(ws, "//p:a")
+    line = one_error(out)
+    assert rc == 1 and "sha256 mismatch" in line and "bytes differ" in line and digest not in out, out
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/vendor/src.tar.gz"\n'
+                                f'sha256 = "{digest}"\n'})
+    rc, out = capped(ws, "//p:a")
+    assert rc == 0, out
+
+
+def test_the_user_allows_directories_outside_the_workspace(make_ws, tmp_path):
+    """$BGRAPH_FILE_URL_DIRS or the user config's [fetch] file_url_dirs; a relative entry is one line."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "a.tar.gz").write_bytes(b"archive\n")
+    ws = url_ws(make_ws, f"file://{mirror}/a.tar.gz", hashlib.sha256(b"archive\n").hexdigest())
+    rc, out = capped(ws, "//p:a", env={"BGRAPH_FILE_URL_DIRS": f"/nonexistent:{mirror}"})
+    assert rc == 0, out
+    config = tmp_path / "config.toml"
+    config.write_text(f'[fetch]\nfile_url_dirs = ["{mirror}"]\n')
+    ws2 = url_ws(make_ws, f"file://{mirror}/a.tar.gz", hashlib.sha256(b"archive\n").hexdigest())
+    rc, out = capped(ws2, "//p:a", env={"BGRAPH_CONFIG": str(config)})
+    assert rc == 0, out
+    ws3 = url_ws(make_ws, f"file://{mirror}/a.tar.gz", hashlib.sha256(b"archive\n").hexdigest())
+    rc, out = capped(ws3, "//p:a", env={"BGRAPH_FILE_URL_DIRS": "relative/dir"})
+    assert rc == 1 and "not an absolute path" in one_error(out), out
+    config.write_text('[fetch]\nfile_url_dir = ["/x"]\n')
+    rc, out = capped(ws3, "//p:a", env={"BGRAPH_CONFIG": str(config)})
+    assert rc == 1 and "file_url_dir" in one_error(out), out
+
+
+def test_a_device_is_refused_even_where_allowed(make_ws):
+    """K15 hole 5: file:///dev/zero was copied without bound into the cache's tmp."""
+    ws = url_ws(make_ws, "file:///dev/zero")
+    rc, out = capped(ws, "//p:a", timeout=60)
+    assert rc == 1 and "outside the workspace" in one_error(out), out
+    rc, out = capped(ws, "//p:a", env={"BGRAPH_FILE_URL_DIRS": "/dev"}, timeout=60)
+    assert rc == 1 and "is a character device, not a regular file" in one_error(out), out
+    (ws.root / "zero").symlink_to("/dev/zero")
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/zero"\nsha256 = "{SHA_F}"\n'})
+    rc, out = capped(ws, "//p:a", env={"BGRAPH_FILE_URL_DIRS": "/dev"}, timeout=60)
+    assert rc == 1 and "is a symbolic link" in one_error(out) and not left_in_tmp(ws), out
+
+
+def test_a_fifo_is_refused_at_once(make_ws):
+    """K15 hole 6: a FIFO's open blocked the build forever (and SIGTERM with it)."""
+    ws = make_ws()
+    os.mkfifo(ws.root / "pipe")
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/pipe"\nsha256 = "{SHA_F}"\n'})
+    start = time.monotonic()
+    rc, out = capped(ws, "//p:a", timeout=60)
+    assert rc == 1 and "is a FIFO, not a regular file" in one_error(out), out
+    assert time.monotonic() - start < 30
+
+
+def test_a_file_without_a_pinned_size_stops_at_the_bound(make_ws):
+    """A 1 TiB (sparse) file is refused by its size before a byte is copied."""
+    ws = make_ws()
+    with open(ws.root / "huge.tar", "wb") as f:
+        f.truncate(1 << 40)
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/huge.tar"\n'
+                                f'sha256 = "{SHA_F}"\n'})
+    start = time.monotonic()
+    rc, out = capped(ws, "//p:a", timeout=120)
+    assert rc == 1 and "larger than 16384 MiB" in one_error(out) and "BGRAPH_FETCH_MAX_MB" in out, out
+    assert time.monotonic() - start < 30 and not left_in_tmp(ws)
+
+
+def test_a_download_stops_before_the_disk_falls_under_the_floor(make_ws):
+    ws = make_ws({"vendor/a.tar": "a\n"})
+    ws.write({"targets/p.toml": f'[a]\nkind = "http_archive"\nurl = "file://{ws.root}/vendor/a.tar"\n'
+                                f'sha256 = "{hashlib.sha256(b"a" + bytes([10])).hexdigest()}"\n'})
+    rc, out = capped(ws, "//p:a", env={"BGRAPH_FETCH_MIN_FREE_MB": str(1 << 40)})
+    assert rc == 1 and "would leave less than" in one_error(out) and not left_in_tmp(ws), out
+
+
+class Zeros(BaseHTTPRequestHandler):
+    """/endless: zeros without end (no Content-Length); /claims-1t: a 1 TiB Content-Length;
+    /stall: 64 KiB of a 10 MiB body, then nothing until released; anything else 404."""
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def do_GET(self):
+        try:
+            if self.path.endswith("/endless"):
+                self.send_response(200)
+                self.end_headers()
+                while not self.release.is_set():
+                    self.wfile.write(bytes(1 << 16))
+            elif self.path.endswith("/claims-1t"):
+                self.send_response(200)
+                self.send_header("Content-Length", str(1 << 40))
+                self.end_headers()
+                while not self.release.is_set():
+                    self.wfile.write(bytes(1 << 16))
+            elif self.path.endswith("/stall"):
+                self.send_response(200)
+                self.send_header("Content-Length", str(10 << 20))
+                self.end_headers()
+                self.wfile.write(bytes(1 << 16))
+                self.wfile.flush()
+                self.started.set()
+                self.release.wait(60)
+            else:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+        except OSError:
+            pass  # the client went away
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def zeros():
+    Zeros.started, Zeros.release = threading.Event(), threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Zeros)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    Zeros.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_endless_http_download_stops_at_the_bound(make_ws, zeros):
+    ws = url_ws(make_ws, f"{zeros}/endless")
+    rc, out = capped(ws, "//p:a", env={"BGRAPH_FETCH_MAX_MB": "8"})
+    assert rc == 1 and "larger than 8 MiB" in one_error(out) and not left_in_tmp(ws), out
+    ws = url_ws(make_ws, f"{zeros}/claims-1t")
+    start = time.monotonic()
+    rc, out = capped(ws, "//p:a")
+    assert rc == 1 and "larger than 16384 MiB" in one_error(out) and not left_in_tmp(ws), out
+    assert time.monotonic() - start < 30
+
+
+def test_a_download_stops_at_its_pinned_size(tmp_path, zeros):
+    """Debian and Python locks record a file's size: the fetch takes no byte more."""
+    from build_graph.errors import FetchError
+    from build_graph.fetcher import Fetcher
+    from build_graph.model import Action, Digester
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("sha256"))
+    spec = {"sha256": SHA_F, "filename": "f", "source": "url", "url": f"{zeros}/endless", "size": "100000"}
+    action = Action(name="fetch f", mnemonic="Fetch", kind="fetch", outputs=("f",), spec=tuple(sorted(spec.items())))
+    with pytest.raises(FetchError, match=r"larger than its pinned size \(100000 bytes"):
+        Fetcher(cas, tmp_path).run(action)
+    assert not [n for n in os.listdir(cas.tmp) if n.startswith("fetch-")]
+    cas.close()
+
+
+@pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stalled_download_ends_on_a_signal(make_ws, zeros, sig, rc):
+    """A read blocked on a server that stalls held Ctrl-C and SIGTERM up for its whole time-out."""
+    ws = url_ws(make_ws, f"{zeros}/stall")
+    cmd = [sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache), "build", "//p:a"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ws.root,
+                            env=hermetic_env())
+    try:
+        assert Zeros.started.wait(60), "the download did not start"
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == rc and "Traceback" not in err, err
+    assert not left_in_tmp(ws)
+
+
+def test_credentials_in_a_url_are_never_shown(make_ws, zeros):
+    port = zeros.rsplit(":", 1)[1]
+    ws = url_ws(make_ws, f"http://builder:s3cretpw@127.0.0.1:{port}/missing.tar.gz")
+    rc, out = capped(ws, "//p:a")
+    line = one_error(out)
+    assert rc == 1 and "HTTP 404" in line and "***@127.0.0.1" in line and "s3cretpw" not in out, out
+    # An index with a token, from pip's configuration, in the hint of a pin that is on none.
+    index, sha = f"http://builder:s3cretpw@127.0.0.1:{port}/simple", SHA_F
+    ws = pypi_ws(make_ws, sha)
+    ws.env = {"PIP_INDEX_URL": index}
+    rc, out = capped(ws, "//deps:tiny-wheel")
+    assert rc == 1 and "not on any configured index" in out and "s3cretpw" not in out, out
+
+
+def test_a_file_url_naming_a_host_is_one_line(make_ws):
+    ws = url_ws(make_ws, "file://otherhost/srv/a.tar.gz")
+    rc, out = capped(ws, "//p:a")
+    assert rc == 1 and "names host 'otherhost'" in one_error(out), out

@@ -46,6 +46,7 @@ def test_building_a_hostile_wheel_names_the_wheel_and_pin(make_ws, tmp_path):
     ws = make_ws({"WORKSPACE.toml": f'[workspace]\nname = "t"\n\n[pins.w]\nkind = "url"\nurl = "file://{whl}"\n'
                                     f'sha256 = "{sha}"\n',
                   "targets/p.toml": '[env]\nkind = "python_env"\nwheels = ["w"]\n'})
+    ws.env["BGRAPH_FILE_URL_DIRS"] = str(tmp_path)  # outside the workspace: the user allows it
     run = ws.cli("build", "//p:env")
     errors = [line for line in run.stderr.splitlines() if "error:" in line]
     assert run.rc != 0 and "Traceback" not in run.output, run.output

@@ -196,6 +196,8 @@ def _unpacked(ctx: RuleContext, entry: LockEntry, mirrors: list[str]) -> PlanGen
                   "architecture": entry.architecture}
     if mirrors:
         where_from["mirrors"] = " ".join(mirrors)
+    if entry.size > 0:  # the fetch stops past it (not in the key: see rules/base.py fetch)
+        where_from["size"] = str(entry.size)
     [fetched] = yield [fetch(f"fetch {entry.basename}", entry.basename, entry.sha256, "debian", **where_from)]
     # The unpack holds the package's files in memory until they pass the checks (archive.py).
     unpack = dataclasses.replace(ctx.extract_action(fetched.tree, entry.basename),
