@@ -235,7 +235,9 @@ class Fetcher:
         except FetchError as e:
             raise e if e.where else FetchError(e.message, where=what, hint=e.hint) from None
         except requests.RequestException as e:
-            raise FetchError(f"download of {shown(url)} failed: {scrub(str(e), url)}", where=what) from None
+            raise FetchError(f"download of {shown(url)} failed: {scrub(str(e), url)}", where=what,
+                             hint="check the URL and that its server answers from this machine (a proxy: "
+                                  "HTTPS_PROXY)") from None
         except OSError as e:  # a file: URL's file (missing, unreadable), or the staging file
             raise FetchError(f"download of {shown(url)} failed: {scrub(e.strerror or str(e), url)}",
                              where=what) from None
