@@ -82,3 +82,14 @@ def test_two_requested_targets_whose_links_overlap_are_one_line(make_ws):
     assert run.rc != 0 and "Traceback" not in run.stderr
     assert "//p:w (bgraph-out/p/w) and //p/w:x (bgraph-out/p/w/x) overlap" in run.stderr, run.stderr
     assert not (ws.root / "bgraph-out" / "p" / "w").exists()
+
+
+def test_a_file_on_the_way_is_one_line_and_kept(tmp_path):
+    """The descriptor of the directory above was closed twice there (EBADF instead of this line)."""
+    out = tmp_path / "bgraph-out"
+    out.mkdir()
+    (out / "p").write_text("mine\n")
+    for _ in range(3):
+        with pytest.raises(StoreError, match="is in the way of an output link"):
+            outlinks.place(out, "p/w", "/nowhere")
+    assert (out / "p").read_text() == "mine\n"

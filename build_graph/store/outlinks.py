@@ -47,29 +47,42 @@ def place(root: str | os.PathLike, rel: str, target: str) -> None:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root itself may be a link
     try:
         for i, part in enumerate(parts[:-1]):
-            fd = _enter(fd, part, root, parts[:i + 1])
-        name = parts[-1]
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            _remove_link_dir(fd, name, root, parts)  # the links of targets below this one's name
-        elif st is not None and not stat.S_ISLNK(st.st_mode):
-            raise _in_the_way(root, parts)
-        fresh = f".{name}.{os.getpid()}.{threading.get_ident()}"
-        try:
-            os.unlink(fresh, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        os.symlink(target, fresh, dir_fd=fd)
-        try:
-            os.replace(fresh, name, src_dir_fd=fd, dst_dir_fd=fd)
-        except OSError:
-            os.unlink(fresh, dir_fd=fd)
-            raise
+            inner = _enter(fd, part, root, parts[:i + 1])
+            os.close(fd)
+            fd = inner
+        _link(fd, parts, root, target)
+    except StoreError:
+        raise
+    except OSError as e:  # what another build linking here at the same moment leaves in the way
+        raise StoreError(f"{os.path.join(root, *parts)}: {e.strerror or e}",
+                         hint="another bgraph build may be linking outputs in this workspace at the same time; "
+                              "build again") from None
     finally:
         os.close(fd)
+
+
+def _link(fd: int, parts: list[str], root, target: str) -> None:
+    """The last step of place(): the link itself, in the directory `fd`."""
+    name = parts[-1]
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        _remove_link_dir(fd, name, root, parts)  # the links of targets below this one's name
+    elif st is not None and not stat.S_ISLNK(st.st_mode):
+        raise _in_the_way(root, parts)
+    fresh = f".{name}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        os.unlink(fresh, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    os.symlink(target, fresh, dir_fd=fd)
+    try:
+        os.replace(fresh, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except OSError:
+        os.unlink(fresh, dir_fd=fd)
+        raise
 
 
 def read(root: str | os.PathLike, rel: str) -> str | None:
@@ -97,34 +110,31 @@ def read(root: str | os.PathLike, rel: str) -> str | None:
 
 
 def _enter(fd: int, part: str, root, upto: list[str]) -> int:
-    """The descriptor of directory `part` in `fd` (made if missing; an output link there is
-    replaced by it); `fd` is closed."""
-    try:
-        for _ in range(3):  # another build may make or replace it at the same time
+    """A new descriptor of directory `part` in `fd` (made if missing; an output link there is
+    replaced by it); `fd` stays open (the caller's to close)."""
+    for _ in range(3):  # another build may make or replace it at the same time
+        try:
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
             try:
-                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    continue
-                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):  # an earlier build's output link where a directory goes now
-                try:
-                    os.unlink(part, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                raise _in_the_way(root, upto)
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):  # an earlier build's output link where a directory goes now
             try:
-                return os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError:
-                continue  # replaced by a link or removed meanwhile: look again
-        raise StoreError(f"{os.path.join(root, *upto)} keeps changing while bgraph links its outputs",
-                         hint="another bgraph build is linking outputs in this workspace; build again")
-    finally:
-        os.close(fd)
+                os.unlink(part, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise _in_the_way(root, upto)
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            continue  # replaced by a link or removed meanwhile: look again
+    raise StoreError(f"{os.path.join(root, *upto)} keeps changing while bgraph links its outputs",
+                     hint="another bgraph build is linking outputs in this workspace; build again")
 
 
 def _remove_link_dir(fd: int, name: str, root, parts: list[str]) -> None:
