@@ -709,3 +709,23 @@ def test_deb_lock_is_never_written_or_read_through_a_symlink(make_ws, mirror, tm
     run = ws.cli("deb", "lock")
     assert run.rc != 0 and "toolchains/tools.lock.json is a symlink" in one_error_line(run)
     assert host.read_text() == '{"auths": {}}\n'
+
+
+def test_a_file_mirror_the_workspace_names_is_held_to_what_a_file_url_may_read(make_ws, mirror, tmp_path):
+    """`bgraph deb lock` read a [debian] file: mirror with a plain open(): any host directory, and
+    a FIFO where an index is hung it (red-team K15, left by the fetcher's fix)."""
+    ws = deb_ws(make_ws, [f"file://{mirror.root}"])
+    run = ws.cli("deb", "lock")
+    assert run.rc != 0 and "Traceback" not in run.output, run.output
+    assert "outside the workspace and the directories the user allows" in run.output, run.output
+    ws.env["BGRAPH_FILE_URL_DIRS"] = str(mirror.root)  # the user's word: then it reads
+    run = ws.cli("deb", "lock")
+    assert run.rc == 0, run.output
+    fifo = tmp_path / "fifo-mirror"
+    first = fifo / "dists" / SUITES[0] / "main" / f"binary-{ARCH}" / "Packages.xz"
+    first.parent.mkdir(parents=True)
+    os.mkfifo(first)
+    ws2 = deb_ws(make_ws, [f"file://{fifo}"])
+    ws2.env["BGRAPH_FILE_URL_DIRS"] = str(fifo)
+    run = ws2.cli("deb", "lock", timeout=60)
+    assert run.rc != 0 and "is a FIFO, not a regular file" in run.output, run.output

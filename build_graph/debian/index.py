@@ -10,11 +10,11 @@ from __future__ import annotations
 import gzip
 import io
 import lzma
+import os
 import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
-from urllib.parse import unquote, urlparse
 
 import requests
 from debian.deb822 import Deb822
@@ -22,8 +22,8 @@ from debian.debian_support import Version
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from build_graph.errors import FetchError
 from build_graph.debian.sources import AptSource
+from build_graph.errors import FetchError
 
 # Tried in this order; every Debian mirror serves .xz, small or old ones .gz or plain.
 VARIANTS = ((".xz", lzma.decompress), (".gz", gzip.decompress), ("", lambda b: b))
@@ -55,16 +55,32 @@ def no_answer(exc: BaseException) -> str:
     return text.split(">: ", 1)[-1].strip() or type(exc).__name__
 
 
-def get(url: str, s: requests.Session, timeout: float = 60) -> bytes | None:
-    """The bytes at `url` (http(s) or file:), None for a 404; FetchError if the mirror does not answer."""
+MAX_INDEX_BYTES = 1 << 30  # a Packages index, compressed or not (Debian's largest are ~50 MB)
+
+
+def get(url: str, s: requests.Session, timeout: float = 60, file_roots: list | None = None) -> bytes | None:
+    """The bytes at `url` (http(s) or file:), None for a 404; FetchError if the mirror does not answer.
+    `file_roots`: where a file: URL the workspace wrote may lie (the workspace and the directories
+    the user allows: fetch_guard.py), None for one apt's own configuration names. Either way a
+    file: URL must name a regular file (a FIFO hung `bgraph deb lock`, /dev/zero filled memory)."""
     if url.startswith("file:"):
+        from build_graph.fetch_guard import open_file_url
+
         try:
-            with open(unquote(urlparse(url).path), "rb") as f:
-                return f.read()
+            fd = open_file_url(url, file_roots)
         except FileNotFoundError:
             return None
         except OSError as e:
             raise FetchError(f"cannot read {url}: {e.strerror}", hint=MIRROR_HINT) from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_INDEX_BYTES + 1)
+        except OSError as e:
+            raise FetchError(f"cannot read {url}: {e.strerror}", hint=MIRROR_HINT) from None
+        if len(data) > MAX_INDEX_BYTES:
+            raise FetchError(f"{url} is larger than {MAX_INDEX_BYTES >> 20} MiB, more than a Packages index is",
+                             hint=MIRROR_HINT)
+        return data
     try:
         r = s.get(url, timeout=timeout)
     except requests.RequestException as e:
@@ -168,9 +184,10 @@ def build_index(candidates: list[Candidate], arch: str, suites: list[str], mirro
 
 
 def fetch_index(sources: list[AptSource], suites: list[str], arch: str, s: requests.Session,
-                progress: Callable[[str], None] = lambda m: None) -> Index:
+                progress: Callable[[str], None] = lambda m: None, workspace_roots: list | None = None) -> Index:
     """Download and parse the Packages indexes of every suite and component for `arch`.
-    For each (suite, component) the first source that serves it is used."""
+    For each (suite, component) the first source that serves it is used. `workspace_roots`:
+    where a file: mirror WORKSPACE.toml names may lie (get's file_roots); apt's own are the user's."""
     candidates: list[Candidate] = []
     used: list[str] = []
     for suite in suites:
@@ -184,8 +201,9 @@ def fetch_index(sources: list[AptSource], suites: list[str], arch: str, s: reque
                     continue
                 base = src.uri.rstrip("/")
                 tried.append(base)
+                roots = workspace_roots if src.origin.startswith("WORKSPACE.toml") else None
                 try:
-                    found = _first_variant(base, rel, s)
+                    found = _first_variant(base, rel, s, roots)
                 except FetchError as e:  # another source may serve it; else this is the error
                     failure = failure or e
                     continue
@@ -205,10 +223,11 @@ def fetch_index(sources: list[AptSource], suites: list[str], arch: str, s: reque
     return build_index(candidates, arch, suites, list(dict.fromkeys(used)))
 
 
-def _first_variant(base: str, rel: str, s: requests.Session) -> tuple[str, bytes] | None:
+def _first_variant(base: str, rel: str, s: requests.Session, file_roots: list | None = None
+                   ) -> tuple[str, bytes] | None:
     """(extension, decompressed index) of the first variant the mirror has, or None."""
     for ext, decompress in VARIANTS:
-        data = get(f"{base}/{rel}{ext}", s)
+        data = get(f"{base}/{rel}{ext}", s, file_roots=file_roots)
         if data is None:
             continue
         try:

@@ -6,6 +6,7 @@ rewritten only when its text changes, atomically. Nothing is stored in the build
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,9 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
     sources = configured_sources(section.mirrors, section.suites, section.components, apt_etc)
     suites = section.suites or suites_in_order(sources)
     s = session()
+    from build_graph.fetch_guard import allowed_dirs
+
+    file_roots = [Path(os.path.realpath(ws.root)), *allowed_dirs()]  # where a file: mirror it names may lie
     indexes: dict[str, Index] = {}
     results = []
     writes: list[tuple[str, str]] = []  # written once every target resolved: an error changes no lock
@@ -65,7 +69,7 @@ def lock(ws: Workspace, labels: list[Label], progress: Callable[[str], None] = l
             if arch not in indexes:
                 start = time.monotonic()
                 progress(f"reading the {arch} indexes of {', '.join(suites)}")
-                indexes[arch] = fetch_index(sources, suites, arch, s, progress)
+                indexes[arch] = fetch_index(sources, suites, arch, s, progress, file_roots)
                 progress(f"{arch}: {len(indexes[arch].versions)} packages in {time.monotonic() - start:.1f}s")
             loc = f"{where(target.file, target.table, 'packages')} ({platform})"
             res = resolve(indexes[arch], attrs.roots(platform), attrs.excluded(platform), loc)
