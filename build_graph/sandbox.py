@@ -292,7 +292,7 @@ class BwrapRunner:
             return handover(self.environment(action), lambda: has_shell(action))
         except EnvironmentRefused as e:
             raise SandboxError(str(e), where=action.name,
-                               hint="use fewer variables (fewer dependencies) or give the action a /bin/sh "
+                               hint=e.hint or "use fewer variables (fewer dependencies) or give the action a /bin/sh "
                                     "(host_tools with /usr, or a system root)") from None
 
     def interactive(self, action: Action, out_dir: Path) -> tuple[list[str], dict[str, str], int | None]:

@@ -151,3 +151,107 @@ def test_ld_preload_of_an_action_never_runs_on_the_host(tmp_path):
     finally:
         runner.close()
         cas.close()
+
+
+# What no path can hand the action as given (red-team K16 hole 6): refused on every path alike,
+# whatever the size of the environment, with one line naming the variable.
+REFUSED = [({"X": "a\0b"}, "'X' has a NUL in its value"), ({"A=B": "1"}, "'A=B' has '=' in its name"),
+           ({"": "1"}, "'' has an empty name"), ({"A\0B": "1"}, "'A\\x00B' has a NUL in its name"),
+           ({"OPTIND": "abc"}, "'OPTIND' is one a /bin/sh keeps"), ({"UID": "0"}, "'UID' is one a /bin/sh keeps"),
+           ({"SHLVL": "1"}, "'SHLVL' is one a /bin/sh keeps"), ({"_": "x"}, "'_' is one a /bin/sh keeps")]
+
+
+@pytest.mark.parametrize("bad,words", REFUSED)
+def test_a_variable_no_path_hands_over_is_refused_on_every_path(bad, words):
+    small, big = {"A": "1", **bad}, {**many(MAX_SETENV_ARGS // 3 + 1), **bad}
+    errors = []
+    for env, shell in ((small, False), (small, True), (big, True), (big, False)):
+        with pytest.raises(EnvironmentRefused) as e:
+            handover(env, has_shell=shell)
+        errors.append((str(e.value), e.value.hint))
+    assert len(set(errors)) == 1, errors
+    message, hint = errors[0]
+    assert message.startswith("environment variable ") and words in message and "\n" not in message, message
+    assert hint and "\n" not in hint
+
+
+def test_the_shells_own_names_do_not_reach_an_action_through_dash_or_bash_as_given():
+    """SHELL_OWN is what it says: every name in it is one dash or bash would not `export` as
+    given, and names next to them (IFS, PATH, OPTARG, BASH_ENV) go through both unchanged."""
+    from build_graph.sandbox_env import SHELL_OWN
+
+    shells = [s for s in (shutil.which("dash"), shutil.which("bash")) if s]
+    if not shells:
+        pytest.skip("neither dash nor bash here")
+
+    def passes(shell: str, name: str) -> bool:
+        run = subprocess.run([shell, "-c", f"export {name}=abc; exec /usr/bin/env -0"], env={}, capture_output=True,
+                             check=False)  # a shell that refuses the export fails
+        return f"{name}=abc".encode() in run.stdout.split(b"\0")
+
+    new_in_bash_53 = {"BASH_MONOSECONDS", "BASH_TRAPSIG"}
+    for name in sorted(SHELL_OWN - new_in_bash_53):
+        assert not all(passes(s, name) for s in shells), f"{name} goes through {shells} as given"
+    for name in ("IFS", "PATH", "OPTARG", "BASH_ENV", "HOME", "PS4"):
+        assert all(passes(s, name) for s in shells), name
+
+
+def test_a_rule_env_attribute_is_refused_at_load():
+    """cmake_project's and ninja_generator's free `env` (and cross.env, arch_env) refuse the same
+    variables when the target is loaded, not when its action runs."""
+    from pydantic import ValidationError
+
+    from build_graph.rules.cmake_project import CmakeProjectAttrs
+    from build_graph.rules.ninja_generator import NinjaGeneratorAttrs
+    from build_graph.workspace import HINT
+
+    makers = [lambda **kw: CmakeProjectAttrs(outputs=["x"], **kw),
+              lambda **kw: NinjaGeneratorAttrs(cmd="x", src="//a:b", outputs=["x"], **kw)]
+    for make in makers:
+        make(env={"OK": "1"}, cross={"env": {"PYTHONPATH": "/x"}}, arch_env="ARCHS")
+        for bad, words in REFUSED:
+            for kw, loc in (({"env": bad}, ("env",)), ({"cross": {"env": bad}}, ("cross", "env"))):
+                with pytest.raises(ValidationError) as e:
+                    make(**kw)
+                err = e.value.errors()[0]
+                assert err["loc"] == loc and words in err["msg"] and HINT in err["msg"], err
+        with pytest.raises(ValidationError, match="'A=B' has '=' in its name"):
+            make(arch_env="A=B")
+
+
+@requires_bwrap
+def test_a_load_error_names_the_target_and_the_variable(make_ws):
+    """Through the CLI: one line naming the target, its key and the variable, with a hint."""
+    body = ('[g]\nkind = "ninja_generator"\ncmd = "true"\nsrc = ":g"\noutputs = ["x"]\n'
+            'env = { X = "a\\u0000b" }\n')
+    run = make_ws({"targets/p.toml": body}).cli("build", "//p:g")
+    assert run.rc != 0 and "Traceback" not in run.output, run.output
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "targets/p.toml:6 [g] key 'env'" in errors[0], run.output
+    assert "environment variable 'X' has a NUL in its value" in errors[0] and "hint:" in run.stderr, run.output
+
+
+@requires_bwrap
+def test_a_program_that_cannot_run_fails_alike_on_every_path(tmp_path):
+    """A missing program, one found nowhere on PATH, and a directory: the same status and message
+    through --setenv (bwrap's execvp) and through the sandbox's shell (which checks first)."""
+    from build_graph.errors import ActionFailed
+    from build_graph.sandbox import BwrapRunner
+    from build_graph.store.cas import LocalCas
+
+    cas = LocalCas(tmp_path / "cache", Digester("blake3"))
+    runner = BwrapRunner(cas, jobs=1)
+    small = {"PATH": "/usr/bin:/bin"}
+    big = {**small, **many(MAX_SETENV_ARGS // 3 + 1)}
+    try:
+        for i, argv in enumerate([("/nonexistent",), ("no-such-program", "x"), ("/usr/bin",)]):
+            seen = []
+            for env in (small, big):
+                with pytest.raises(ActionFailed) as e:
+                    runner.run(env_action(f"m{i}-{len(env)}", env, argv=argv))
+                seen.append(str(e.value).replace(f"m{i}-{len(env)}", "NAME"))
+            assert seen[0] == seen[1], seen
+            assert f"bwrap: execvp {argv[0]}: " in seen[0] and "status 1" in seen[0], seen[0]
+    finally:
+        runner.close()
+        cas.close()

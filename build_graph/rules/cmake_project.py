@@ -26,12 +26,13 @@ give every edge with its command.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import NinjaGraphError, load_graph
 from build_graph.rules.base import OUT, SRC, Attrs, PlanGen, RuleContext, labels_in
 from build_graph.rules.ninja_import import NVCC, EdgeSetting, import_edges
+from build_graph.sandbox_env import checked_attribute
 
 CMAKE, NINJA, ORIG = "/bgraph/cmake", "/bgraph/ninja", "/bgraph/in/src"
 META = ".bgraph"  # the configure's own files inside its output (graph, log, generated sources)
@@ -88,6 +89,11 @@ class CmakeCrossAttrs(Attrs):
                                                  "/bgraph/exec/<name> (e.g. the Python environment the "
                                                  "configure imports: it runs here)")
 
+    @field_validator("env")
+    @classmethod
+    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
+        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
+
 
 class CmakeProjectAttrs(Attrs):
     src: str | None = Field(None, description="label of the source tree (e.g. a patched_tree); or give srcs")
@@ -111,6 +117,18 @@ class CmakeProjectAttrs(Attrs):
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
     cross: CmakeCrossAttrs = Field(default_factory=CmakeCrossAttrs,
                                    description="cache variables, environment and trees a cross build adds")
+
+    @field_validator("env")
+    @classmethod
+    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
+        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
+
+    @field_validator("arch_env")
+    @classmethod
+    def _arch_env_handed_over(cls, v: str | None) -> str | None:
+        if v is not None:
+            checked_attribute({v: ""})  # a name, as env's
+        return v
 
 
 def cmake_project_deps(attrs: CmakeProjectAttrs):

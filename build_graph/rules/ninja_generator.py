@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import fnmatch
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import NinjaGraphError, load_graph
 from build_graph.rules.base import OUT, SRC, Attrs, PlanGen, RuleContext, labels_in
 from build_graph.rules.ninja_import import EdgeSetting, import_edges
+from build_graph.sandbox_env import checked_attribute
 
 NINJA, WS = "/bgraph/ninja", "/bgraph/ws"
 META = ".bgraph"  # the generator action's own files inside its output (the graph)
@@ -64,6 +65,11 @@ class NinjaGeneratorCrossAttrs(Attrs):
                                      description="name -> label built for the exec machine, mounted at "
                                                  "/bgraph/exec/<name> (the packages the generator imports)")
 
+    @field_validator("env")
+    @classmethod
+    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
+        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
+
 
 class NinjaGeneratorAttrs(Attrs):
     cmd: str = Field(description="shell command writing /bgraph/out/build.ninja; $SRC, $WS, $OUT are set")
@@ -83,6 +89,18 @@ class NinjaGeneratorAttrs(Attrs):
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
     cross: NinjaGeneratorCrossAttrs = Field(default_factory=NinjaGeneratorCrossAttrs,
                                             description="environment and trees a cross build adds")
+
+    @field_validator("env")
+    @classmethod
+    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
+        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
+
+    @field_validator("arch_env")
+    @classmethod
+    def _arch_env_handed_over(cls, v: str | None) -> str | None:
+        if v is not None:
+            checked_attribute({v: ""})  # a name, as env's
+        return v
 
 
 def ninja_generator_deps(attrs: NinjaGeneratorAttrs):
