@@ -5,6 +5,7 @@ variables than bwrap's arguments hold alike, and the action sees the same either
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -255,3 +256,17 @@ def test_a_program_that_cannot_run_fails_alike_on_every_path(tmp_path):
     finally:
         runner.close()
         cas.close()
+
+
+@requires_bwrap
+@pytest.mark.parametrize("bad,words", REFUSED[:5])
+def test_a_workers_command_with_such_a_variable_is_bad_input(bad, words, tmp_path):
+    """The worker refuses a Command's variable no path hands over as given (INVALID_ARGUMENT: no
+    other worker would run it), few variables or many, before it starts anything."""
+    from build_graph.remote_exec.runner import Process
+    from build_graph.remote_exec.staging import BadInput
+
+    for env in ({"A": "1", **bad}, {**many(MAX_SETENV_ARGS // 3 + 1), **bad}):
+        with pytest.raises(BadInput, match=re.escape(words)):
+            Process(["--ro-bind", "/usr", "/usr"], ["/usr/bin/true"], env, tmp_path / "out", tmp_path / "err")
+        assert not (tmp_path / "out").exists()
