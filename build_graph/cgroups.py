@@ -23,16 +23,28 @@ memory limit (memory_limit_mb), and the parent group of all actions (`base`) bou
 (ALL_ACTIONS_TASKS_SHARE of the host's PIDs, the host's RAM less MEMORY_RESERVE for bgraph): a
 limit reached refuses the action a process (fork fails) or kills one of its processes (an OOM kill
 inside its group), never one of bgraph's. An action that reached one fails with one line naming it
-(`limit_hit`). A controller the host lacks is skipped (no limit, as before). Part of the sandbox
-layer: only it calls this."""
+(`limit_hit`). A controller the host lacks is skipped (no limit, as before); one the host has but
+bgraph cannot use is said once on stderr (`warn_once`), never dropped without a word.
+
+Groups are made in three levels (red-team K16): `base` (shared by every bgraph of this cgroup:
+the host-wide cap of all their actions together), one group per bgraph process below it (named
+"<pid>-<start time>-<random>", so a later process that gets the same pid never takes a group a
+killed one left; it carries that process's own all-actions cap, removed at exit, or by
+remove_stale once its process is gone), and one group per action below that. One build's actions
+can then take at most its own cap, half of the shared one: another build's action is never
+refused a process for it. An action's own task limit is at most 3/4 of its build's cap, so one
+fork bomb leaves its build's other actions room. Part of the sandbox layer: only it calls this."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import itertools
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +59,11 @@ from build_graph.errors import ActionFailed, UsageError
 # rest stay free for bgraph, its workers' heartbeats and the host, however many actions run.
 ACTION_TASKS = 8192
 ALL_ACTIONS_TASKS_SHARE = 3 / 4
+# One bgraph process's actions together take at most this share of the shared cap above (its own
+# group's pids.max): whatever one build does, half stays for the others. One action takes at most
+# ACTION_SHARE of its build's cap: a fork bomb leaves its build's other actions a quarter.
+BUILD_TASKS_SHARE = 1 / 2
+ACTION_SHARE = 3 / 4
 # Memory kept out of reach of the actions, all together: bgraph's own (a large graph's plan, the
 # store's buffers) and the host's. Not the scheduler's --max-mem, a budget of declared hints that
 # real steps exceed (a link takes more than its hint), and not known here (bgraph's runner is
@@ -70,9 +87,66 @@ WATCH_S = 0.25
 JOIN_AND_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
-# Group names are "<pid>-<n>": n from one counter per process, so two accounting objects (two
-# runners made at once by two action threads) never pick the same name.
+# Action groups are named "<n>" inside this process's own group: n from one counter per process,
+# so two accounting objects (two runners made at once by two action threads) never pick the same
+# name; a name taken all the same (EEXIST) is skipped.
 _IDS = itertools.count()
+# This process's own group in each hierarchy ({(pid, base): group}), made once, removed at exit.
+_OWN: dict[tuple[int, Path], Path] = {}
+_OWN_LOCK = threading.Lock()
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Say `message` on stderr, once per process (a limit the host has but bgraph cannot set)."""
+    with _OWN_LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    try:
+        sys.stderr.write(f"warning: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _start_time(pid: int | str) -> str | None:
+    """The start time of process `pid` (/proc/<pid>/stat field 22, clock ticks since boot), or
+    None where it is gone: with the pid, it names one process for as long as the host is up."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return fields[19] if len(fields) > 19 else None
+
+
+def _own_name() -> str:
+    """This process's group name: "<pid>-<start time>-<random>" (the random part keeps two pid
+    namespaces sharing a hierarchy apart)."""
+    return f"{os.getpid()}-{_start_time('self')}-{secrets.token_hex(4)}"
+
+
+def _is_stale(name: str) -> bool:
+    """Whether the group `name` (a process's own group, or an action group of the layout before
+    these, "<pid>-<n>") belongs to a bgraph process that is no longer running."""
+    parts = name.split("-")
+    if not parts[0].isdecimal():
+        return False
+    if len(parts) == 3:
+        return _start_time(parts[0]) != parts[1]
+    return len(parts) == 2 and not Path(f"/proc/{parts[0]}").exists()
+
+
+def _remove_own_groups() -> None:
+    """At exit: this process's own groups (and action groups left in them) go."""
+    with _OWN_LOCK:
+        own = [group for (pid, _), group in _OWN.items() if pid == os.getpid()]
+    for group in own:
+        _remove_tree(group)
+
+
+atexit.register(_remove_own_groups)
 
 
 def _wrap(procs_files: list[Path], argv: list[str]) -> list[str]:
@@ -82,46 +156,84 @@ def _wrap(procs_files: list[Path], argv: list[str]) -> list[str]:
 class _Groups:
     """One group per action under `base`: made, joined, removed (stale ones too)."""
 
-    def __init__(self, base: Path, version: int):
-        self.base, self.version = base, version
+    def __init__(self, base: Path, version: int, own: bool = False):
+        """`own`: actions' groups go in this process's own group below `base` (what probe makes;
+        without it, straight below `base`, which then stands for that group)."""
+        self.base, self.version, self.own = base, version, own
+
+    def own_group(self) -> Path:
+        """This process's group below `base` (made the first time), parent of its actions'."""
+        key = (os.getpid(), self.base)
+        with _OWN_LOCK:
+            group = _OWN.get(key)
+            if group is None:
+                for _ in range(100):
+                    group = self.base / _own_name()
+                    try:
+                        group.mkdir()
+                        break
+                    except FileExistsError:
+                        continue
+                else:
+                    raise FileExistsError(errno.EEXIST, "no free group name", str(self.base))
+                _OWN[key] = group
+        return group
 
     def new_group(self) -> Path:
-        group = self.base / f"{os.getpid()}-{next(_IDS)}"
-        group.mkdir()
-        return group
+        own = self.own_group() if self.own else self.base
+        for _ in range(1000):
+            group = own / str(next(_IDS))
+            try:
+                group.mkdir()
+                return group
+            except FileExistsError:
+                continue
+        raise FileExistsError(errno.EEXIST, "no free group name", str(own))
 
     def wrap(self, group: Path, argv: list[str]) -> list[str]:
         """`argv`, started inside `group`."""
         return _wrap([group / "cgroup.procs"], argv)
 
     def remove_stale(self) -> None:
-        """Remove the groups that bgraph processes no longer running left (killed, say)."""
+        """Remove the groups that bgraph processes no longer running left (killed, say), with
+        the action groups in them (a process's own group is told by its start time: its pid may
+        be another process's now)."""
         for group in self.base.iterdir():
-            pid = group.name.partition("-")[0]
-            if group.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                try:
-                    group.rmdir()
-                except OSError:
-                    pass
+            if group.is_dir() and _is_stale(group.name):
+                _remove_tree(group)
 
     def remove(self, group: Path) -> None:
         _remove(group)
 
     def _works(self, read, limit=None) -> bool:
         """Whether a short-lived process can be started in a new group here (`limit` applied to
-        it first, where given) and `read` gives a figure for it afterwards."""
+        it first, where given) and `read` gives a figure for it afterwards (why not: `self.why`)."""
+        self.why = ""
         try:
             self.base.mkdir(exist_ok=True)
             self.remove_stale()
+            own = self.own_group() if self.own else self.base
+            if self.version == 2 and self.own:  # the controllers on for `base`'s children, on for `own`'s too
+                control = own / "cgroup.subtree_control"
+                for controller in set((self.base / "cgroup.subtree_control").read_text().split()) - set(
+                        control.read_text().split()):
+                    control.write_text(f"+{controller}")
             group = self.new_group()
             try:
                 if limit is not None:
                     limit(group)
-                ok = subprocess.run(self.wrap(group, ["/bin/true"]), capture_output=True).returncode == 0
-                return ok and read(group) is not None
+                run = subprocess.run(self.wrap(group, ["/bin/true"]), capture_output=True)
+                if run.returncode != 0:
+                    self.why = f"a process could not join a group in {self.base} ({run.stderr.decode(errors='replace').strip()[-200:]})"
+                    return False
+                if read(group) is None:
+                    self.why = f"a group in {self.base} gives no figure"
+                    return False
+                return True
             finally:
                 self.remove(group)
-        except OSError:
+        except OSError as e:
+            self.why = f"{self.base}: {e.strerror or e}"
             return False
 
 
@@ -140,7 +252,7 @@ class CpuAccounting(_Groups):
         if own is not None and (root / "cgroup.controllers").exists():
             candidates.append((root / own / "bgraph-actions", 2))
         for base, version in candidates:
-            accounting = cls(base, version)
+            accounting = cls(base, version, own=True)
             if accounting._works(accounting.cpu_s):
                 return accounting
         return None
@@ -191,10 +303,12 @@ class MemoryAccounting(_Groups):
                 continue
             if version == 2 and cpu is not None and cpu.version == 2 and cpu.base != base:
                 continue
-            accounting = cls(base, version)
+            accounting = cls(base, version, own=True)
             limit = (lambda group: accounting.limit(group, limit_mb)) if limit_mb else None
             if accounting._works(accounting.peak_mb, limit):
                 return accounting
+            if limit_mb:
+                warn_once(f"actions run without a memory limit: the memory cgroup cannot be used ({accounting.why})")
         return None
 
     def limit(self, group: Path, mb: int) -> None:
@@ -209,6 +323,17 @@ class MemoryAccounting(_Groups):
             return _stat(group / name).get("oom_kill", 0) > 0
         except OSError:
             return False
+
+    def own_limit_reached(self, group: Path) -> bool | None:
+        """Whether `group`'s own limit was reached (v1 memory.failcnt, v2 memory.events' max: each
+        counts in the group whose limit it was), else an OOM kill there came from an ancestor's
+        (its build's cap, or all builds' together); None where the kernel does not say."""
+        try:
+            if self.version == 1:
+                return int((group / "memory.failcnt").read_text()) > 0
+            return _stat(group / "memory.events").get("max", 0) > 0
+        except (OSError, ValueError):
+            return None
 
     def peak_mb(self, group: Path) -> int | None:
         """The group's peak, less the page cache it holds now (read after its processes ended)."""
@@ -246,9 +371,10 @@ class PidsLimit(_Groups):
             if version == 2 and (cpu is None or cpu.version != 2 or cpu.base != base
                                  or not _enable_v2(root / own, base, "pids")):
                 continue
-            pids = cls(base, version)
+            pids = cls(base, version, own=True)
             if pids._works(pids.refused, lambda group: pids.limit(group, tasks)):
                 return pids
+            warn_once(f"actions run without a task limit: the pids cgroup cannot be used ({pids.why})")
         return None
 
     def limit(self, group: Path, tasks: int) -> None:
@@ -268,34 +394,67 @@ class PidsLimit(_Groups):
         except OSError:
             return refused
 
+    def own_limit_reached(self, group: Path) -> bool | None:
+        """Whether `group`'s own limit is what refused a fork (else an ancestor's: its build's
+        cap, or all builds' together), None where this kernel does not tell. A refusal is
+        counted in the group that forked whichever limit refused it (v1), so the group's peak
+        (pids.peak, Linux 6.1+) is compared with its own pids.max: a fork is refused by the
+        group's own limit only when it holds that many. Without pids.peak, v2's pids.events
+        counts in the group whose limit was reached; v1 then cannot tell."""
+        try:
+            peak, most = (group / "pids.peak").read_text().strip(), (group / "pids.max").read_text().strip()
+            return most != "max" and int(peak) >= int(most)
+        except (OSError, ValueError):
+            pass
+        if self.version == 2:
+            try:
+                return _stat(group / "pids.events").get("max", 0) > 0
+            except OSError:
+                pass
+        return None
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What one action may take of the host, and all running actions together (0: no limit)."""
+    """What one action may take of the host, all actions of this bgraph process together, and all
+    bgraph processes' actions on the host together (`host_*`: the shared group's cap); 0: no limit."""
 
     tasks: int
     all_tasks: int
     memory_mb: int
     all_memory_mb: int
+    host_tasks: int = 0
+    host_memory_mb: int = 0
+
+    @property
+    def action_tasks(self) -> int:
+        """An action's task limit: `tasks`, at most ACTION_SHARE of its build's cap."""
+        if not self.all_tasks:
+            return self.tasks
+        return max(1, min(self.tasks, int(self.all_tasks * ACTION_SHARE)))
 
     @classmethod
     def of_host(cls, environ=os.environ, memory_mb: int | None = None) -> "Limits":
         """This host's limits (`memory_mb`: the memory bgraph may use, its RAM where not given),
         an action's own lowered or raised by TASKS_VARIABLE / MEMORY_VARIABLE; a bad value is
-        one line with a hint."""
-        all_tasks = max(1, int(_host_tasks() * ALL_ACTIONS_TASKS_SHARE))
+        one line with a hint. Memory is not split between builds (that would halve what one
+        build may use on a host that runs one): each build's cap is the host-wide one."""
+        host_tasks = max(1, int(_host_tasks() * ALL_ACTIONS_TASKS_SHARE))
+        all_tasks = max(1, int(host_tasks * BUILD_TASKS_SHARE))
         ram = memory_mb if memory_mb is not None else _host_memory_mb()
         all_memory = max(64, ram - max(MEMORY_RESERVE_MB, int(ram * MEMORY_RESERVE_SHARE))) if ram else 0
         tasks = _whole(environ, TASKS_VARIABLE) or ACTION_TASKS
         memory = _whole(environ, MEMORY_VARIABLE) or all_memory
-        return cls(min(tasks, all_tasks), all_tasks, min(memory, all_memory) if all_memory else memory, all_memory)
+        return cls(max(1, min(tasks, int(all_tasks * ACTION_SHARE))), all_tasks,
+                   min(memory, all_memory) if all_memory else memory, all_memory, host_tasks, all_memory)
 
 
 def _whole(environ, name: str) -> int | None:
     value = environ.get(name)
     if value is None or value == "":
         return None
-    if not value.strip().isdigit() or int(value) < 1:
+    # isdecimal, not isdigit: '²' is a digit that int() refuses (red-team K16 hole 7).
+    if not value.strip().isdecimal() or int(value) < 1:
         raise UsageError(f"{name}={value!r} is not a whole number of at least 1",
                          hint=f"unset {name} for the default, or give a number such as 4096")
     return int(value)
@@ -371,6 +530,7 @@ class Accounting:
         self._live: list[dict[str, Path]] = []  # groups made and not yet removed, watched
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        self._capped = False  # this process's own caps set (_set_own_caps)
 
     @classmethod
     def probe(cls, root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup"),
@@ -391,12 +551,12 @@ class Accounting:
         limits = Limits.of_host(environ, ram)
         memory = MemoryAccounting.probe(root, self_cgroup, cpu, limits.memory_mb)
         pids = PidsLimit.probe(root, self_cgroup, cpu, limits.tasks)
-        # All actions together: set on their groups' parent, which every bgraph of this cgroup
-        # shares (each sets the same figure). Where the kernel refuses (what is charged there is
-        # above it already), each action keeps its own limit.
-        for base_limit in ((lambda: pids.limit(pids.base, limits.all_tasks)) if pids else None,
-                           (lambda: memory.limit(memory.base, limits.all_memory_mb))
-                           if memory and limits.all_memory_mb else None):
+        # All bgraphs' actions together: set on `base`, which every bgraph of this cgroup shares
+        # (each sets the same figure). Where the kernel refuses (what is charged there is above
+        # it already), this process's own cap (new_groups) and each action's limit still hold.
+        for base_limit in ((lambda: pids.limit(pids.base, limits.host_tasks)) if pids else None,
+                           (lambda: memory.limit(memory.base, limits.host_memory_mb))
+                           if memory and limits.host_memory_mb else None):
             try:
                 if base_limit is not None:
                     base_limit()
@@ -404,10 +564,28 @@ class Accounting:
                 pass
         return cls(cpu, memory, pids, limits)
 
+    def _set_own_caps(self) -> None:
+        """This process's all-actions caps, on its own groups (once): said once where refused."""
+        with self._lock:
+            if self._capped or self.limits is None:
+                return
+            self._capped = True
+        for what, controller, cap in (("task", self.pids, self.limits.all_tasks),
+                                      ("memory", self.memory, self.limits.all_memory_mb)):
+            if controller is None or not controller.own or not cap:
+                continue
+            try:
+                controller.limit(controller.own_group(), cap)
+            except OSError as e:
+                warn_once(f"this build's all-actions {what} cap ({cap}) cannot be set in "
+                          f"{controller.base} ({e.strerror or e}): each action keeps its own limit")
+
     def new_groups(self) -> dict[str, Path]:
         """{"cpu": group, "memory": group, "pids": group} for what is measured or limited (one
         group for all under v2), each limited as `limits` says."""
         groups: dict[str, Path] = {}
+        if not self._capped:
+            self._set_own_caps()
         try:
             if self.cpu is not None:
                 groups["cpu"] = self.cpu.new_group()
@@ -420,7 +598,7 @@ class Accounting:
                 shared = self.cpu is not None and self.pids.base == self.cpu.base
                 groups["pids"] = groups["cpu"] if shared else self.pids.new_group()
                 if self.limits is not None:
-                    self.pids.limit(groups["pids"], self.limits.tasks)
+                    self.pids.limit(groups["pids"], self.limits.action_tasks)
         except OSError:
             self.remove(groups)
             raise
@@ -453,14 +631,31 @@ class Accounting:
     def limit_hit(self, groups: dict[str, Path]) -> ActionFailed | None:
         """The failure of an action (its processes ended) that reached one of its limits: a
         fork refused, or a process killed for memory. Its result is not kept even where it
-        exited 0: what it made may depend on a process it could not start or that was killed."""
+        exited 0: what it made may depend on a process it could not start or that was killed.
+        Its own limit is named only where its own group reached it; else the all-actions cap."""
         limits = self.limits or Limits(0, 0, 0, 0)
         if "pids" in groups and self.pids is not None and self.pids.refused(groups["pids"]):
+            own = self.pids.own_limit_reached(groups["pids"])
+            if own is False:
+                return ActionFailed(
+                    f"stopped at the all-actions task cap: a new process or thread was refused, the action "
+                    f"itself under its limit of {limits.action_tasks}: this build's actions together reached "
+                    f"{limits.all_tasks}, or all bgraph builds' on this host {limits.host_tasks or 'their cap'}",
+                    hint="run fewer actions at once (-j), or build again once other builds on this host are done")
+            which = "its" if own else "a"
             return ActionFailed(
-                f"stopped at its task limit: a new process or thread was refused ({limits.tasks} at once for "
-                f"one action, {limits.all_tasks} for all running actions together)",
-                hint=f"an action that needs more: set {TASKS_VARIABLE} (at most {limits.all_tasks} here)")
+                f"stopped at {which} task limit: a new process or thread was refused ({limits.action_tasks} at once "
+                f"for one action, {limits.all_tasks} for this build's actions together"
+                + (")" if own else "; this kernel does not say which)"),
+                hint=f"an action that needs more: set {TASKS_VARIABLE} (at most "
+                     f"{int(limits.all_tasks * ACTION_SHARE) if limits.all_tasks else limits.tasks} here)")
         if "memory" in groups and self.memory is not None and self.memory.oom_killed(groups["memory"]):
+            if self.memory.own_limit_reached(groups["memory"]) is False:
+                return ActionFailed(
+                    f"killed for memory at the all-actions cap: the action itself stayed under its limit of "
+                    f"{limits.memory_mb} MiB, all running actions together reached {limits.all_memory_mb} MiB "
+                    "(the host's memory less what is kept for bgraph; other builds on this host count too)",
+                    hint="run fewer actions (or builds) at once (-j)")
             return ActionFailed(
                 f"killed for memory: a process went over its memory limit ({limits.memory_mb} MiB for one "
                 f"action, {limits.all_memory_mb} MiB for all running actions together: the host's memory "
@@ -484,19 +679,62 @@ class Accounting:
 
 def _kill(group: Path) -> None:
     """SIGKILL every process in `group` (cgroup v2's cgroup.kill where there is one; else each
-    listed process, again until none is left: one may have forked meanwhile)."""
+    listed process, again until none is left: one may have forked meanwhile). Never a process
+    outside it: a listed pid may end and be reused by another process before the kill, so each
+    is pinned first (a pidfd, which names that process and no later one), the group is listed
+    again, and only a pinned process still listed is killed, through its pidfd. Where the kernel
+    has no pidfd (before 5.3), a pid is killed only if the second listing still holds it: that
+    narrows the window to the two system calls between, it cannot close it."""
     if (group / "cgroup.kill").exists():
         (group / "cgroup.kill").write_text("1")
         return
     for _ in range(100):
-        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        pids = _procs(group)
         if not pids:
             return
-        for pid in pids:
+        for start in range(0, len(pids), 256):  # a bounded number of descriptors at once
+            pinned: dict[int, int | None] = {}
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+                for pid in pids[start:start + 256]:
+                    try:
+                        pinned[pid] = os.pidfd_open(pid)
+                    except ProcessLookupError:
+                        pass  # gone already
+                    except (OSError, AttributeError):
+                        pinned[pid] = None  # no pidfd on this kernel
+                still = set(_procs(group))
+                for pid, fd in pinned.items():
+                    if pid not in still:
+                        continue
+                    try:
+                        if fd is None:
+                            os.kill(pid, signal.SIGKILL)
+                        else:
+                            signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            finally:
+                for fd in pinned.values():
+                    if fd is not None:
+                        os.close(fd)
+
+
+def _procs(group: Path) -> list[int]:
+    return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+
+
+def _remove_tree(group: Path) -> None:
+    """Remove a process's own group: the action groups left in it, then itself (where empty)."""
+    try:
+        for child in group.iterdir():
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        group.rmdir()
+    except OSError:
+        pass
 
 
 def _remove(group: Path) -> None:

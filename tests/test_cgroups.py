@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from bgraph_testlib import action, requires_bwrap
-from build_graph.cgroups import CpuAccounting, _own_v2_path
+from build_graph import cgroups
+from build_graph.cgroups import Accounting, CpuAccounting, _kill, _own_v2_path, _wrap
 
 # Spends at least 0.4 s of CPU in a grandchild that the sandbox's own init reaps.
 BURN = {"targets/p.toml": '''[burn]
@@ -213,18 +218,34 @@ def test_limits_of_the_host_and_their_overrides():
     from build_graph.errors import UsageError
 
     limits = Limits.of_host({}, memory_mb=16384)
-    assert limits.all_tasks == int(_host_tasks() * 3 / 4) and limits.tasks == min(ACTION_TASKS, limits.all_tasks)
+    # All bgraphs' actions: 3/4 of the host; one build's: half of that; one action: 3/4 of its build's.
+    assert limits.host_tasks == int(_host_tasks() * 3 / 4) and limits.all_tasks == limits.host_tasks // 2
+    assert limits.tasks == limits.action_tasks == min(ACTION_TASKS, int(limits.all_tasks * 3 / 4))
     assert limits.all_memory_mb == limits.memory_mb == 16384 - 2048  # an eighth kept for bgraph
     assert Limits.of_host({}, memory_mb=4096).all_memory_mb == 4096 - 1024  # at least 1 GiB kept
     small = Limits.of_host({"BGRAPH_ACTION_TASKS": "16", "BGRAPH_ACTION_MEMORY_MB": "64"}, memory_mb=16384)
     assert (small.tasks, small.memory_mb, small.all_memory_mb) == (16, 64, 14336)
     # An action's own limit never above all actions' together.
     big = Limits.of_host({"BGRAPH_ACTION_TASKS": str(10 ** 9), "BGRAPH_ACTION_MEMORY_MB": str(10 ** 9)}, 16384)
-    assert (big.tasks, big.memory_mb) == (big.all_tasks, 14336)
+    assert (big.tasks, big.memory_mb) == (int(big.all_tasks * 3 / 4), 14336)
     for bad in ("x", "0", "-3", "1.5"):
         with pytest.raises(UsageError) as e:
             Limits.of_host({"BGRAPH_ACTION_TASKS": bad})
         assert "BGRAPH_ACTION_TASKS" in str(e.value) and "hint:" in str(e.value)
+
+
+def test_a_digit_that_is_no_number_is_one_line_with_the_variables_hint():
+    """Red-team K16 hole 7: '²' is a digit to str.isdigit, not to int(): every action failed
+    with a ValueError instead of the variable's own line."""
+    from build_graph.cgroups import Limits
+    from build_graph.errors import UsageError
+
+    for name in ("BGRAPH_ACTION_TASKS", "BGRAPH_ACTION_MEMORY_MB"):
+        for bad in ("\u00b2", "1\u00b3", "\u2460"):
+            with pytest.raises(UsageError) as e:
+                Limits.of_host({name: bad}, memory_mb=16384)
+            assert f"{name}={bad!r} is not a whole number of at least 1" in str(e.value) and "hint:" in str(e.value)
+    assert Limits.of_host({"BGRAPH_ACTION_TASKS": "\u0663\u0662"}).tasks == 32  # decimal digits int() takes
 
 
 def test_each_actions_groups_get_its_limits(tmp_path):
@@ -324,3 +345,197 @@ def test_an_action_over_its_memory_limit_is_killed_and_fails_with_one_line(make_
     assert "Traceback" not in run.output
     ok = ws.build("//p:tmpfs")
     assert ok.rc == 0, ok.output
+
+
+# -- red-team K16: stale names, one build's cap, the kill ---------------------------------------
+# Starts threads (each a task) until one is refused, says how many it started, holds them for
+# argv[1] seconds, then ends by itself: nothing is left behind for the host's init to reap.
+THREADS = ("import sys, threading, time\ne = threading.Event()\nn = 0\ntry:\n"
+           "    while n < 1000:\n        threading.Thread(target=e.wait).start()\n        n += 1\n"
+           "except RuntimeError:\n    pass\nprint(n, flush=True)\ntime.sleep(float(sys.argv[1]))\ne.set()\n")
+
+
+def _real_pids_root() -> Path:
+    root = Path("/sys/fs/cgroup/pids")
+    if not (root / "cgroup.procs").exists() or not os.access(root, os.W_OK):
+        pytest.skip("no writable cgroup v1 pids hierarchy here: " + no_cgroup_reason())
+    return root
+
+
+@pytest.fixture
+def private_pids_base():
+    """A private pids group standing for the shared `base` of all bgraphs (cap 40), removed after."""
+    base = _real_pids_root() / f"bgraph-test-{os.getpid()}-{secrets.token_hex(3)}"
+    base.mkdir()
+    (base / "pids.max").write_text("40")
+    yield base
+    deadline = time.monotonic() + 10
+    while base.exists() and time.monotonic() < deadline:
+        for own in [d for d in base.iterdir() if d.is_dir()]:
+            for group in [d for d in own.iterdir() if d.is_dir()]:
+                _kill(group)
+                group.rmdir() if not (group / "cgroup.procs").read_text().split() else None
+            if not [d for d in own.iterdir() if d.is_dir()]:
+                own.rmdir()
+        try:
+            base.rmdir()
+        except OSError:
+            time.sleep(0.1)
+
+
+def _threads(groups_or_group, accounting: Accounting | None, hold_s: float) -> subprocess.Popen:
+    argv = ["/usr/bin/python3", "-c", THREADS, str(hold_s)]
+    if accounting is not None:
+        argv = accounting.wrap(groups_or_group, argv)
+    else:
+        argv = _wrap([groups_or_group / "cgroup.procs"], argv)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_killed_bgraphs_groups_of_a_reused_pid_neither_drop_a_limit_nor_fail_an_action():
+    """Red-team K16 hole 1: groups "<pid>-<n>" that a SIGKILLed bgraph left, with the pid now
+    this process's, made the pids probe fail without a word (no task limit at all) or the first
+    action fail with FileExistsError."""
+    root = _real_pids_root()
+    base = root / "bgraph"
+    base.mkdir(exist_ok=True)
+    first = next(cgroups._IDS)
+    left = [base / f"{os.getpid()}-{n}" for n in range(first, first + 64)]
+    for group in left:
+        group.mkdir()
+    try:
+        accounting = Accounting.probe(environ={"BGRAPH_ACTION_TASKS": "16"})
+        assert accounting.pids is not None and accounting.limits.tasks == 16
+        groups = accounting.new_groups()
+        try:
+            proc = _threads(groups, accounting, 0)
+            out, _ = proc.communicate(timeout=30)
+            assert int(out) < 16  # the limit holds
+            hit = accounting.limit_hit(groups)
+            assert hit is not None and "stopped at its task limit" in hit.message and "16 at once" in hit.message
+            assert groups["pids"].parent.parent == base and groups["pids"].parent.name.startswith(f"{os.getpid()}-")
+        finally:
+            accounting.remove(groups)
+        assert all(group.exists() for group in left)  # another process's, as far as it can tell: kept
+    finally:
+        for group in left:
+            group.rmdir()
+
+
+def test_stale_groups_are_told_by_start_time_and_go_with_what_they_hold(tmp_path):
+    """A process's own group is "<pid>-<start time>-<random>": one whose pid now names another
+    process (another start time) is stale, with the action groups in it; legacy "<pid>-<n>"
+    groups go when their pid is gone."""
+    base = tmp_path / "bgraph"
+    me, start = os.getpid(), cgroups._start_time(os.getpid())
+    mine = base / f"{me}-{start}-abcd0123"
+    reused = base / f"{me}-{int(start) + 1}-abcd0123"
+    dead = base / "999999999-5-00000000"
+    legacy_dead, legacy_live = base / "999999999-3", base / f"{me}-3"
+    for group in (mine / "0", reused / "0", reused / "1", dead / "7", legacy_dead, legacy_live):
+        group.mkdir(parents=True)
+    cgroups.PidsLimit(base, 1, own=True).remove_stale()
+    assert sorted(p.name for p in base.iterdir()) == sorted([mine.name, legacy_live.name])
+    # Names never collide with what is there: the own group and an action group on EEXIST.
+    pids = cgroups.PidsLimit(tmp_path / "fresh", 1, own=True)
+    (tmp_path / "fresh").mkdir()
+    own = pids.own_group()
+    assert own.name.startswith(f"{me}-{start}-") and own.parent == tmp_path / "fresh"
+    taken = own / str(next(cgroups._IDS) + 1)
+    taken.mkdir()
+    a, b = pids.new_group(), pids.new_group()
+    assert len({a, b, taken}) == 3 and a.parent == b.parent == own
+
+
+def test_a_pids_hierarchy_that_cannot_be_used_is_said_once(tmp_path, capsys):
+    """Where the host has the controller but bgraph cannot use it (here: plain files give no
+    figure), the task limit is not dropped without a word."""
+    (tmp_path / "cgroup").write_text("8:pids:/\n0::/\n")
+    root = tmp_path / "sys"
+    (root / "pids").mkdir(parents=True)
+    (root / "pids" / "cgroup.procs").write_text("")
+    for _ in range(2):
+        assert cgroups.PidsLimit.probe(root=root, self_cgroup=tmp_path / "cgroup") is None
+    err = capsys.readouterr().err
+    assert err.count("warning: actions run without a task limit: the pids cgroup cannot be used (") == 1, err
+
+
+def test_one_builds_actions_cannot_take_another_builds_tasks(private_pids_base):
+    """Red-team K16 hole 2: all bgraphs' actions shared one cap, so one build's fork bomb made
+    another build's action fail, blamed on that action's own limit. Each process now has its own
+    group, capped at half the shared one (here 20 of 40): this process's actions fill its cap
+    (one at its own limit, one refused by the build's cap, each told so), while another bgraph
+    process's action starts all 19 threads its own limit allows."""
+    limits = cgroups.Limits(tasks=1000, all_tasks=20, memory_mb=0, all_memory_mb=0, host_tasks=40)
+    assert limits.action_tasks == 15
+    pids = cgroups.PidsLimit(private_pids_base, 1, own=True)
+    accounting = Accounting(None, None, pids, limits)
+    one = accounting.new_groups()
+    assert (pids.own_group() / "pids.max").read_text().strip() == "20"
+    first = _threads(one, accounting, 3)
+    assert int(first.stdout.readline()) == 14  # its own 15: python (the join's sh became it) and 14 threads
+    two = accounting.new_groups()
+    second = _threads(two, accounting, 3)
+    assert int(second.stdout.readline()) == 4  # the build's cap (20) reached, under its own 15
+    other = subprocess.run(
+        [sys.executable, "-c", OTHER_BUILD, str(private_pids_base), THREADS],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert other.returncode == 0, other.stderr
+    started, hit = other.stdout.split("|")
+    # All of its own 20 (1 + 19 threads): the shared 40 still had them; refused at its own limit, and told so.
+    assert int(started) == 19 and hit.strip().startswith("stopped at its task limit"), other.stdout
+    for proc in (first, second):
+        proc.wait(timeout=30)
+    own_hit, cap_hit = accounting.limit_hit(one), accounting.limit_hit(two)
+    assert own_hit is not None and own_hit.message.startswith("stopped at its task limit"), own_hit
+    assert "BGRAPH_ACTION_TASKS" in own_hit.hint
+    assert cap_hit is not None and cap_hit.message.startswith("stopped at the all-actions task cap"), cap_hit
+    assert "under its limit of 15" in cap_hit.message and "reached 20" in cap_hit.message and "-j" in cap_hit.hint
+    for groups in (one, two):
+        accounting.remove(groups)
+
+
+# Another bgraph process: its own group below the same shared base; one action of up to 20 tasks.
+OTHER_BUILD = '''import sys
+from pathlib import Path
+from build_graph import cgroups
+pids = cgroups.PidsLimit(Path(sys.argv[1]), 1, own=True)
+accounting = cgroups.Accounting(None, None, pids, cgroups.Limits(1000, 20, 0, 0, 40))
+groups = accounting.new_groups()
+pids.limit(groups["pids"], 20)
+import subprocess
+out = subprocess.run(accounting.wrap(groups, ["/usr/bin/python3", "-c", sys.argv[2], "0"]), capture_output=True, text=True)
+print(out.stdout.strip(), "|", accounting.limit_hit(groups).message)
+accounting.remove(groups)
+'''
+
+
+def test_the_kill_reaches_only_processes_still_in_the_group(private_pids_base):
+    """v1 has no cgroup.kill: each listed process is pinned (a pidfd) and killed only if the
+    group still lists it, so a pid that ended and was reused outside meanwhile is never hit."""
+    group = private_pids_base / "g"
+    group.mkdir()
+    inside = subprocess.Popen(_wrap([group / "cgroup.procs"], ["/bin/sleep", "30"]))
+    outside = subprocess.Popen(["/bin/sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        real = cgroups._procs
+
+        def listing(g):  # the first listing also names `outside`, as a reused pid would look
+            cgroups._procs = real
+            return real(g) + [outside.pid]
+
+        cgroups._procs = listing
+        try:
+            _kill(group)
+        finally:
+            cgroups._procs = real
+        assert inside.wait(timeout=10) == -9
+        assert outside.poll() is None
+    finally:
+        outside.kill()
+        outside.wait()
+        inside.kill()
+        inside.wait()
