@@ -121,10 +121,18 @@ def _start_time(pid: int | str) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (its inode), in hex: pids of another mean nothing here."""
+    try:
+        return f"{os.stat('/proc/self/ns/pid').st_ino:x}"
+    except OSError:
+        return "0"
+
+
 def _own_name() -> str:
-    """This process's group name: "<pid>-<start time>-<random>" (the random part keeps two pid
-    namespaces sharing a hierarchy apart)."""
-    return f"{os.getpid()}-{_start_time('self')}-{secrets.token_hex(4)}"
+    """This process's group name: "<pid>-<start time>-<pid namespace>-<random>" (a bgraph in
+    another PID namespace sharing the hierarchy, a container's, cannot judge it by its pid)."""
+    return f"{os.getpid()}-{_start_time('self')}-{_pid_namespace()}-{secrets.token_hex(4)}"
 
 
 def _is_stale(name: str) -> bool:
@@ -133,8 +141,8 @@ def _is_stale(name: str) -> bool:
     parts = name.split("-")
     if not parts[0].isdecimal():
         return False
-    if len(parts) == 3:
-        return _start_time(parts[0]) != parts[1]
+    if len(parts) == 4:  # another PID namespace's: left to a bgraph there
+        return parts[2] == _pid_namespace() and _start_time(parts[0]) != parts[1]
     return len(parts) == 2 and not Path(f"/proc/{parts[0]}").exists()
 
 
@@ -160,6 +168,7 @@ class _Groups:
         """`own`: actions' groups go in this process's own group below `base` (what probe makes;
         without it, straight below `base`, which then stands for that group)."""
         self.base, self.version, self.own = base, version, own
+        self.recreated = False  # own group made again (new_group): its caps are to be set again
 
     def own_group(self) -> Path:
         """This process's group below `base` (made the first time), parent of its actions'."""
@@ -188,6 +197,15 @@ class _Groups:
                 return group
             except FileExistsError:
                 continue
+            except FileNotFoundError:
+                if not self.own or not own.parent.is_dir() or own.exists():
+                    raise
+                # Removed under us (by hand, say): made again; its caps with it (Accounting).
+                with _OWN_LOCK:
+                    _OWN.pop((os.getpid(), self.base), None)
+                self.recreated = True
+                own = self.own_group()
+                self._enable_below(own)
         raise FileExistsError(errno.EEXIST, "no free group name", str(own))
 
     def wrap(self, group: Path, argv: list[str]) -> list[str]:
@@ -205,6 +223,14 @@ class _Groups:
     def remove(self, group: Path) -> None:
         _remove(group)
 
+    def _enable_below(self, own: Path) -> None:
+        """v2: the controllers on for `base`'s children, on for `own`'s too (its actions')."""
+        if self.version == 2:
+            control = own / "cgroup.subtree_control"
+            for controller in set((self.base / "cgroup.subtree_control").read_text().split()) - set(
+                    control.read_text().split()):
+                control.write_text(f"+{controller}")
+
     def _works(self, read, limit=None) -> bool:
         """Whether a short-lived process can be started in a new group here (`limit` applied to
         it first, where given) and `read` gives a figure for it afterwards (why not: `self.why`)."""
@@ -212,12 +238,8 @@ class _Groups:
         try:
             self.base.mkdir(exist_ok=True)
             self.remove_stale()
-            own = self.own_group() if self.own else self.base
-            if self.version == 2 and self.own:  # the controllers on for `base`'s children, on for `own`'s too
-                control = own / "cgroup.subtree_control"
-                for controller in set((self.base / "cgroup.subtree_control").read_text().split()) - set(
-                        control.read_text().split()):
-                    control.write_text(f"+{controller}")
+            if self.own:
+                self._enable_below(self.own_group())
             group = self.new_group()
             try:
                 if limit is not None:
@@ -300,6 +322,8 @@ class MemoryAccounting(_Groups):
             candidates.append((root / own / "bgraph-actions", 2))
         for base, version in candidates:
             if version == 2 and not _enable_v2_memory(root / own, base):
+                if limit_mb and "memory" in _controllers(root / own):
+                    warn_once(f"actions run without a memory limit: the memory controller cannot be enabled in {base}")
                 continue
             if version == 2 and cpu is not None and cpu.version == 2 and cpu.base != base:
                 continue
@@ -370,6 +394,8 @@ class PidsLimit(_Groups):
         for base, version in candidates:
             if version == 2 and (cpu is None or cpu.version != 2 or cpu.base != base
                                  or not _enable_v2(root / own, base, "pids")):
+                if cpu is not None and cpu.base == base and "pids" in _controllers(root / own):
+                    warn_once(f"actions run without a task limit: the pids controller cannot be enabled in {base}")
                 continue
             pids = cls(base, version, own=True)
             if pids._works(pids.refused, lambda group: pids.limit(group, tasks)):
@@ -500,6 +526,14 @@ def _stat(path: Path) -> dict[str, int]:
     return out
 
 
+def _controllers(group: Path) -> list[str]:
+    """The v2 controllers `group` may use (cgroup.controllers); none where unreadable."""
+    try:
+        return (group / "cgroup.controllers").read_text().split()
+    except OSError:
+        return []
+
+
 def _enable_v2_memory(own: Path, base: Path) -> bool:
     """Turn the memory controller on for `base`'s children."""
     return _enable_v2(own, base, "memory")
@@ -599,6 +633,12 @@ class Accounting:
                 groups["pids"] = groups["cpu"] if shared else self.pids.new_group()
                 if self.limits is not None:
                     self.pids.limit(groups["pids"], self.limits.action_tasks)
+            if any(c is not None and c.recreated for c in (self.cpu, self.memory, self.pids)):
+                for c in (self.cpu, self.memory, self.pids):
+                    if c is not None:
+                        c.recreated = False
+                self._capped = False
+                self._set_own_caps()
         except OSError:
             self.remove(groups)
             raise
