@@ -28,12 +28,13 @@ bgraph cannot use is said once on stderr (`warn_once`), never dropped without a 
 
 Groups are made in three levels (red-team K16): `base` (shared by every bgraph of this cgroup:
 the host-wide cap of all their actions together), one group per bgraph process below it (named
-"<pid>-<start time>-<random>", so a later process that gets the same pid never takes a group a
-killed one left; it carries that process's own all-actions cap, removed at exit, or by
-remove_stale once its process is gone), and one group per action below that. One build's actions
-can then take at most its own cap, half of the shared one: another build's action is never
-refused a process for it. An action's own task limit is at most 3/4 of its build's cap, so one
-fork bomb leaves its build's other actions room. Part of the sandbox layer: only it calls this."""
+"<pid>-<start time>-<pid namespace>-<random>", so a later process that gets the same pid never
+takes a group a killed one left, nor judges one of another PID namespace; it carries that
+process's own all-actions caps, and is removed at exit, or by remove_stale once its process is
+gone), and one group per action below that. One build's actions can then take at most its own
+task cap, half of the shared one: another build's action is never refused a process for it. An
+action's own task limit is at most 3/4 of its build's cap, so one fork bomb leaves its build's
+other actions room. Part of the sandbox layer: only it calls this."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ _IDS = itertools.count()
 _OWN: dict[tuple[int, Path], Path] = {}
 _OWN_LOCK = threading.Lock()
 _WARNED: set[str] = set()
+_NAMES: dict[int, str] = {}  # this process's own groups' name (_own_name)
 
 
 def warn_once(message: str) -> None:
@@ -129,10 +131,14 @@ def _pid_namespace() -> str:
         return "0"
 
 
-def _own_name() -> str:
-    """This process's group name: "<pid>-<start time>-<pid namespace>-<random>" (a bgraph in
-    another PID namespace sharing the hierarchy, a container's, cannot judge it by its pid)."""
-    return f"{os.getpid()}-{_start_time('self')}-{_pid_namespace()}-{secrets.token_hex(4)}"
+def _own_name(fresh: bool = False) -> str:
+    """This process's group name, the same in each hierarchy: "<pid>-<start time>-<pid
+    namespace>-<random>" (a bgraph in another PID namespace sharing the hierarchy, a
+    container's, cannot judge it by its pid). `fresh`: another random part (the name was taken)."""
+    pid = os.getpid()
+    if fresh or pid not in _NAMES:
+        _NAMES[pid] = f"{pid}-{_start_time('self')}-{_pid_namespace()}-{secrets.token_hex(4)}"
+    return _NAMES[pid]
 
 
 def _is_stale(name: str) -> bool:
@@ -176,8 +182,8 @@ class _Groups:
         with _OWN_LOCK:
             group = _OWN.get(key)
             if group is None:
-                for _ in range(100):
-                    group = self.base / _own_name()
+                for attempt in range(100):
+                    group = self.base / _own_name(fresh=attempt > 0)
                     try:
                         group.mkdir()
                         break
