@@ -96,7 +96,11 @@ def local_path(url: str) -> str:
     if parts.netloc not in ("", "localhost"):
         raise FetchError(f"{shown(url)} names host {parts.netloc.rpartition('@')[2]!r}; a file: URL must name a "
                          "local absolute path", hint="write file:///absolute/path (three slashes)")
-    return unquote(parts.path)
+    path = unquote(parts.path)
+    if "\0" in path:
+        raise FetchError(f"{shown(url)} names a path with a NUL byte (%00), which no file has",
+                         hint="fix the URL")
+    return path
 
 
 def open_file_url(url: str, roots: list[Path] | None) -> int:

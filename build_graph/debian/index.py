@@ -7,12 +7,12 @@ that suite (another configured one may). Parsing is python-debian's deb822 reade
 
 from __future__ import annotations
 
-import gzip
 import io
 import lzma
 import os
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -25,8 +25,34 @@ from urllib3.util.retry import Retry
 from build_graph.debian.sources import AptSource
 from build_graph.errors import FetchError
 
+
 # Tried in this order; every Debian mirror serves .xz, small or old ones .gz or plain.
-VARIANTS = ((".xz", lzma.decompress), (".gz", gzip.decompress), ("", lambda b: b))
+def _unxz(data: bytes) -> bytes:
+    return _bounded(lzma.LZMADecompressor(), data)
+
+
+def _ungz(data: bytes) -> bytes:
+    return _bounded(zlib.decompressobj(wbits=31), data)  # 31: the gzip format, as gzip.decompress reads
+
+
+def _bounded(d, data: bytes) -> bytes:
+    """`data` decompressed, up to MAX_INDEX_BYTES: a few hundred KB of xz can hold gigabytes of
+    zeros, which decompressing whole took into memory (a MemoryError traceback, or the OOM killer)."""
+    out = d.decompress(data, MAX_INDEX_BYTES + 1)
+    if len(out) > MAX_INDEX_BYTES:
+        raise _TooLarge()
+    if not d.eof:
+        raise EOFError("the compressed data ends early")
+    if d.unused_data:  # a second stream: never in Debian's indexes, and not silently dropped
+        raise EOFError("data follows the compressed stream")
+    return out
+
+
+class _TooLarge(Exception):
+    pass
+
+
+VARIANTS = ((".xz", _unxz), (".gz", _ungz), ("", lambda b: b))
 FIELDS = ["Package", "Version", "Architecture", "Filename", "SHA256", "Size", "Depends", "Pre-Depends", "Provides"]
 MIRROR_HINT = ("check the network and the mirror; mirrors come from [debian] mirrors in WORKSPACE.toml, "
                "else from apt's sources (/etc/apt/sources.list, /etc/apt/sources.list.d)")
@@ -78,18 +104,30 @@ def get(url: str, s: requests.Session, timeout: float = 60, file_roots: list | N
         except OSError as e:
             raise FetchError(f"cannot read {url}: {e.strerror}", hint=MIRROR_HINT) from None
         if len(data) > MAX_INDEX_BYTES:
-            raise FetchError(f"{url} is larger than {MAX_INDEX_BYTES >> 20} MiB, more than a Packages index is",
-                             hint=MIRROR_HINT)
+            raise _too_large(url)
         return data
     try:
-        r = s.get(url, timeout=timeout)
+        with s.get(url, timeout=timeout, stream=True) as r:
+            if r.status_code in (403, 404, 410):
+                return None
+            if not r.ok:
+                raise FetchError(f"{url} answered HTTP {r.status_code}", hint=MIRROR_HINT)
+            length = r.headers.get("Content-Length", "")
+            if length.isdecimal() and int(length) > MAX_INDEX_BYTES:
+                raise _too_large(url)
+            data = bytearray()
+            for chunk in r.iter_content(1 << 20):  # read whole, an endless body filled memory
+                data += chunk
+                if len(data) > MAX_INDEX_BYTES:
+                    raise _too_large(url)
+            return bytes(data)
     except requests.RequestException as e:
         raise FetchError(f"{url} does not answer ({no_answer(e)})", hint=MIRROR_HINT) from None
-    if r.status_code in (403, 404, 410):
-        return None
-    if not r.ok:
-        raise FetchError(f"{url} answered HTTP {r.status_code}", hint=MIRROR_HINT)
-    return r.content
+
+
+def _too_large(url: str) -> FetchError:
+    return FetchError(f"{url} is larger than {MAX_INDEX_BYTES >> 20} MiB, more than a Packages index is",
+                      hint=MIRROR_HINT)
 
 
 @dataclass(frozen=True)
@@ -232,6 +270,9 @@ def _first_variant(base: str, rel: str, s: requests.Session, file_roots: list | 
             continue
         try:
             return ext, decompress(data)
-        except (lzma.LZMAError, OSError, EOFError) as e:
+        except _TooLarge:
+            raise FetchError(f"{base}/{rel}{ext} unpacks to more than {MAX_INDEX_BYTES >> 20} MiB, more than a "
+                             "Packages index is", hint=MIRROR_HINT) from None
+        except (lzma.LZMAError, zlib.error, OSError, EOFError) as e:
             raise FetchError(f"{base}/{rel}{ext} is damaged ({e})", hint=MIRROR_HINT) from None
     return None
