@@ -242,6 +242,8 @@ def test_the_workspace_lock_fits_its_targets_and_pins_torch_as_the_workspace_doe
     ("six", "six"),
     ("Foo.Bar[extra]>=1,<2; python_version >= '3.8'", "foo-bar[extra]<2,>=1; python_version >= \"3.8\""),
     ("requirements.in", "requirements-in"),  # uv is given no dotted name: it may read one as a file
+    ("jaraco.zip>=3", "jaraco-zip>=3"),  # a real project: not refused for looking like an archive
+    ("evilproj.tar.gz", "evilproj-tar-gz"),
     ("torch==2.14.0", "torch==2.14.0"),
 ])
 def test_a_pep508_requirement_by_name_is_given_to_uv_in_packagings_form(line, name):
@@ -276,7 +278,7 @@ def test_a_requirement_line_uv_would_obey_as_an_option_or_a_path_is_refused_at_l
     try:
         for line in ["-e ${PWD}/proj", f"-e {proj}", f"-r {secret}", f"--extra-index-url {other}/simple",
                      f"--index-url {other}/simple", f"--find-links {other}/", f"evilproj @ file://{proj}",
-                     str(proj), "./proj", 'six; os_name == "$HOME"', "evilproj.tar.gz",
+                     str(proj), "./proj", 'six; os_name == "$HOME"',
                      f'bgdemo-core; os_name == "x --extra-index-url {other}/simple"', f"six # -e {proj}"]:
             requirements = f'["bgdemo-app==1.0", {json.dumps(line)}]'
             ws.write({"targets/py.toml": TARGETS.replace('["bgdemo-app==1.0"]', requirements)})

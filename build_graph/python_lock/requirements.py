@@ -17,8 +17,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 _FILE_SYNTAX = re.compile(r"[#\\]|\s-")
-# A name ending so is an archive's file name to pip and uv, read from beside the requirements file.
-_ARCHIVES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar.lz", ".tar.zst")
 
 
 def parse_requirement(line: str) -> Requirement:
@@ -45,8 +43,8 @@ def parse_requirement(line: str) -> Requirement:
     if req.url:
         raise ValueError(f"{line!r}: a requirement by URL or path ({req.url}) is not locked; name a project "
                          "the indexes serve")
-    if req.name.lower().endswith(_ARCHIVES):
-        raise ValueError(f"{line!r}: {req.name} reads as an archive's file name, which pip and uv take as a path")
+    # A name like `jaraco.zip` (a real project) is fine: uv is given it in PEP 503 form (canonical),
+    # without the dots that would make it an archive's file name to uv.
     return req
 
 
