@@ -8,16 +8,26 @@ a process; reading a blob it was handed goes through `ctx.read`, which is conten
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable
+from typing import Annotated, Any, Callable, Generator, Iterable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from build_graph.errors import PlanError, where
 from build_graph.incremental.discovery import Discovery
 from build_graph.labels import Label, parse_label
 from build_graph.model import Action, Digester, FileEntry, HostTool, TargetOutput, Tree
+from build_graph.sandbox_env import checked_attribute
 
 PlanGen = Generator[Any, Any, TargetOutput]
+# A rule's free environment attribute, and the name of a variable it sets: refused at load, not
+# when the action runs (sandbox_env.py: what no handover path can give the action alike).
+def _checked_name(name: str) -> str:
+    checked_attribute({name: ""})
+    return name
+
+
+ActionEnv = Annotated[dict[str, str], AfterValidator(checked_attribute)]
+EnvName = Annotated[str, AfterValidator(_checked_name)]
 
 
 @dataclass(frozen=True)

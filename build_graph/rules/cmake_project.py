@@ -26,13 +26,21 @@ give every edge with its command.
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import NinjaGraphError, load_graph
-from build_graph.rules.base import OUT, SRC, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.base import (
+    OUT,
+    SRC,
+    ActionEnv,
+    Attrs,
+    EnvName,
+    PlanGen,
+    RuleContext,
+    labels_in,
+)
 from build_graph.rules.ninja_import import NVCC, EdgeSetting, import_edges
-from build_graph.sandbox_env import checked_attribute
 
 CMAKE, NINJA, ORIG = "/bgraph/cmake", "/bgraph/ninja", "/bgraph/in/src"
 META = ".bgraph"  # the configure's own files inside its output (graph, log, generated sources)
@@ -81,18 +89,13 @@ class CmakeCrossAttrs(Attrs):
     """What a cross build of the project adds (its target platform is not the exec machine's)."""
 
     cache: dict[str, str] = Field(default_factory=dict, description="more cache variables (e.g. Torch_DIR)")
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the configure, over env")
+    env: ActionEnv = Field(default_factory=dict, description="environment of the configure, over env")
     ext: dict[str, str] = Field(default_factory=dict, description="name -> label of a target-platform tree "
                                                                   "mounted at /bgraph/ext/<name>")
     exec_ext: dict[str, str] = Field(default_factory=dict,
                                      description="name -> label built for the exec machine, mounted at "
                                                  "/bgraph/exec/<name> (e.g. the Python environment the "
                                                  "configure imports: it runs here)")
-
-    @field_validator("env")
-    @classmethod
-    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
-        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
 
 
 class CmakeProjectAttrs(Attrs):
@@ -104,12 +107,12 @@ class CmakeProjectAttrs(Attrs):
     arch_variable: str = Field("CMAKE_CUDA_ARCHITECTURES",
                                description="cache variable that receives the archs (CMake spells 12.1a as 121a; "
                                            "any other variable gets them as written, ';'-separated)")
-    arch_env: str | None = Field(None, description="environment variable that receives the archs instead, as "
+    arch_env: EnvName | None = Field(None, description="environment variable that receives the archs instead, as "
                                                    "written and ';'-separated (e.g. TORCH_CUDA_ARCH_LIST)")
     build_type: str = Field("Release", description="CMAKE_BUILD_TYPE")
     outputs: list[str] = Field(description="build-directory paths wanted (libraries, executables)")
     ext: dict[str, str] = Field(default_factory=dict, description="name -> label mounted at /bgraph/ext/<name>")
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the configure")
+    env: ActionEnv = Field(default_factory=dict, description="environment of the configure")
     toolchain: str = Field("//toolchains:cuda-13.0", description="cuda_toolchain (nvcc, CUDA headers)")
     cmake: str = Field("//toolchains:cmake", description="CMake tree (bin/cmake)")
     ninja: str = Field("//toolchains:ninja", description="Ninja tree (ninja or bin/ninja)")
@@ -117,18 +120,6 @@ class CmakeProjectAttrs(Attrs):
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
     cross: CmakeCrossAttrs = Field(default_factory=CmakeCrossAttrs,
                                    description="cache variables, environment and trees a cross build adds")
-
-    @field_validator("env")
-    @classmethod
-    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
-        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
-
-    @field_validator("arch_env")
-    @classmethod
-    def _arch_env_handed_over(cls, v: str | None) -> str | None:
-        if v is not None:
-            checked_attribute({v: ""})  # a name, as env's
-        return v
 
 
 def cmake_project_deps(attrs: CmakeProjectAttrs):

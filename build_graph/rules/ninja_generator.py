@@ -25,13 +25,21 @@ from __future__ import annotations
 
 import fnmatch
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from build_graph.model import TargetOutput, Tree
 from build_graph.ninja_graph import NinjaGraphError, load_graph
-from build_graph.rules.base import OUT, SRC, Attrs, PlanGen, RuleContext, labels_in
+from build_graph.rules.base import (
+    OUT,
+    SRC,
+    ActionEnv,
+    Attrs,
+    EnvName,
+    PlanGen,
+    RuleContext,
+    labels_in,
+)
 from build_graph.rules.ninja_import import EdgeSetting, import_edges
-from build_graph.sandbox_env import checked_attribute
 
 NINJA, WS = "/bgraph/ninja", "/bgraph/ws"
 META = ".bgraph"  # the generator action's own files inside its output (the graph)
@@ -57,7 +65,7 @@ class NinjaGeneratorCrossAttrs(Attrs):
     """What a cross build adds (its target platform is not the exec machine's): the generator runs
     here, so what it imports must be built for this machine."""
 
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the generator and the edges, "
+    env: ActionEnv = Field(default_factory=dict, description="environment of the generator and the edges, "
                                                                   "over env (e.g. PYTHONPATH=/bgraph/exec/...)")
     ext: dict[str, str] = Field(default_factory=dict, description="name -> label of a target-platform tree "
                                                                   "mounted at /bgraph/ext/<name>")
@@ -65,20 +73,15 @@ class NinjaGeneratorCrossAttrs(Attrs):
                                      description="name -> label built for the exec machine, mounted at "
                                                  "/bgraph/exec/<name> (the packages the generator imports)")
 
-    @field_validator("env")
-    @classmethod
-    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
-        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
-
 
 class NinjaGeneratorAttrs(Attrs):
     cmd: str = Field(description="shell command writing /bgraph/out/build.ninja; $SRC, $WS, $OUT are set")
     src: str = Field(description="label of the source tree, at /bgraph/src")
     srcs: list[str] = Field(default_factory=list, description="workspace paths or globs, at /bgraph/ws")
     ext: dict[str, str] = Field(default_factory=dict, description="name -> label mounted at /bgraph/ext/<name>")
-    env: dict[str, str] = Field(default_factory=dict, description="environment of the generator and of the edges")
+    env: ActionEnv = Field(default_factory=dict, description="environment of the generator and of the edges")
     archs: str | list[str] | None = Field(None, description="arch set name or list, given to the generator")
-    arch_env: str = Field("CUDA_ARCH_LIST", description="environment variable that receives the archs")
+    arch_env: EnvName = Field("CUDA_ARCH_LIST", description="environment variable that receives the archs")
     arch_separator: str = Field(" ", description="between the archs in arch_env")
     outputs: list[str] = Field(description="globs of build-directory paths wanted (e.g. cached_ops/*/*.so)")
     strip_prefix: str = Field("", description="leading directory removed from the wanted paths in the output")
@@ -89,18 +92,6 @@ class NinjaGeneratorAttrs(Attrs):
     memory_mb: int = Field(1024, ge=1, description="peak memory of one compile step, for the scheduler")
     cross: NinjaGeneratorCrossAttrs = Field(default_factory=NinjaGeneratorCrossAttrs,
                                             description="environment and trees a cross build adds")
-
-    @field_validator("env")
-    @classmethod
-    def _env_handed_over(cls, v: dict[str, str]) -> dict[str, str]:
-        return checked_attribute(v)  # refused at load, not when the action runs (sandbox_env.py)
-
-    @field_validator("arch_env")
-    @classmethod
-    def _arch_env_handed_over(cls, v: str | None) -> str | None:
-        if v is not None:
-            checked_attribute({v: ""})  # a name, as env's
-        return v
 
 
 def ninja_generator_deps(attrs: NinjaGeneratorAttrs):
