@@ -22,6 +22,19 @@ EOF
 mv /tmp/l /bgraph/out/l"""
 
 
+# Every staged link's modification time (its atime changes as links are read).
+LINK_TIMES = r"""python3 - <<'EOF' > /tmp/l
+import os
+for d, dirs, files in sorted(os.walk('/bgraph/out')):
+    for f in sorted(files + dirs):
+        p = os.path.join(d, f)
+        if os.path.islink(p):
+            st = os.lstat(p)
+            print(p, st.st_mtime_ns)
+EOF
+mv /tmp/l /bgraph/out/l"""
+
+
 @pytest.fixture
 def runner(tmp_path):
     from build_graph.model import Digester
@@ -115,3 +128,21 @@ def test_an_output_below_a_staged_input_is_refused_not_made_through_its_link(run
                     staged="/bgraph/build")
     with pytest.raises(SandboxError, match="lies below gen/a.cu"):
         runner.run(action)
+
+
+@requires_bwrap
+def test_staged_links_have_fixed_times_fresh_and_after_an_action_re_timed_them(runner):
+    """A staged layout's symlinks carry FIXED_MTIME, fresh or reused: an action that re-times a
+    link it owns (touch -h) leaves nothing the next action staging the same tree can see
+    (red-team K14 hole 4)."""
+    from build_graph.model import Tree
+    from build_graph.store.cas import FIXED_MTIME
+
+    tree = Tree({"build.ninja": runner.cas.put_bytes(b"rule x\n"), "gen/a.cu": runner.cas.put_bytes(b"a\n")})
+    fixed = FIXED_MTIME * 10**9
+    fresh = _run(runner, tree, "fresh", LINK_TIMES)
+    assert fresh == f"/bgraph/out/build.ninja {fixed}\n/bgraph/out/gen/a.cu {fixed}\n", fresh
+    dirs = set(runner.cas.tmp.iterdir())
+    _run(runner, tree, "re-time", "touch -h -d 2001-01-01 gen/a.cu build.ninja; readlink gen/a.cu; echo > l")
+    assert runner._staged_dirs and set(runner.cas.tmp.iterdir()) == dirs  # kept as staged, not made again
+    assert _run(runner, tree, "next", LINK_TIMES) == fresh
