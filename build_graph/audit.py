@@ -55,8 +55,9 @@ from build_graph.workspace import Target, Workspace
 STAGES = {
     "CudaDevicePreprocess": "device_preprocessed", "CudaCicc": "ptx", "CudaPtxas": "cubins",
     "CudaHostPreprocess": "host_preprocessed", "CudaFrontend": "host_frontend", "CudaHostCompile": "host_objects",
-    "CudaFatbinary": "fatbinaries", "CudaFatbinObject": "fatbinaries",  # FatbinObject: older traces
-    "CudaObjectLink": "objects",
+    # fatbinary's step makes the TU's object (cubins embedded, joined to the host object); older
+    # traces had a separate fatbin object (CudaFatbinObject) and link (CudaObjectLink).
+    "CudaFatbinary": "objects", "CudaFatbinObject": "fatbinaries", "CudaObjectLink": "objects",
     "CmakeCompile": "objects", "CmakeConfigure": "configure",
 }
 PER_ARCH = {"CudaDevicePreprocess", "CudaCicc", "CudaPtxas"}

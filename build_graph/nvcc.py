@@ -58,7 +58,7 @@ class DryrunError(ValueError):
 class Step:
     """One nvcc internal step with its argv rewritten to fixed sandbox paths."""
 
-    kind: str  # hostpp | cudafe | devpp | cicc | ptxas | fatbin (and its object) | hostcc | link
+    kind: str  # hostpp | cudafe | devpp | cicc | ptxas | hostcc | fatbin (and the TU's object)
     arch: str | None
     argv: list[str]
     inputs: list[str] = field(default_factory=list)   # intermediate names read from /bgraph/in
@@ -150,16 +150,37 @@ extern const __fatBinC_Wrapper_t $sym;
 EOF
 exec "$@" -iquote /tmp/bgraph-fatbin
 """
-# fatbinary and the object of its fatbin.c in one action: the object is a function of the
-# fatbinary's output alone and nothing else reads that output, so a step between them would
-# cut nothing off; one sandbox less per TU (issue 34). Arguments: the fatbin.c fatbinary
-# writes, the object, the wrapper's symbol, then fatbinary's own command.
+# fatbinary and the joining of the TU's object in one action: the fatbinary's image is embedded by
+# an assembler file (`.incbin`, the layout nvcc's fatbin.c gives: the image in `.nv_fatbin`, the
+# wrapper {magic, version, image, 0} in `.nvFatBinSegment`) and `ld -r` joins it to the host object.
+# Nothing else reads the fatbinary, and the host object is an input, so a device change reruns this
+# action alone and a host change reruns it beside the host compile: one sandbox per TU fewer than a
+# separate link, and no C compile of a hex array (issue 34). Arguments: the fatbinary image the
+# command writes, the host object, the TU's object, the wrapper's symbol, then fatbinary's command.
 _FATBIN_SCRIPT = r"""set -e
-c=$1; obj=$2; sym=$3; shift 3
+image=$1; host=$2; obj=$3; sym=$4; shift 4
 "$@"
-sed "s/^static const __fatBinC_Wrapper_t __fatDeviceText /__attribute__((visibility(\"hidden\"))) const __fatBinC_Wrapper_t $sym /" "$c" > /tmp/fatbin.c
-grep -q "const __fatBinC_Wrapper_t $sym " /tmp/fatbin.c || { echo "bgraph: unexpected fatbin.c layout in $c" >&2; exit 1; }
-exec /usr/bin/gcc -c -x c -fPIC -I/bgraph/toolchain/include /tmp/fatbin.c -o "$obj"
+cat > /tmp/bgraph-fatbin.s <<EOF
+.section .nv_fatbin,"a"
+.balign 8
+.Lbgraph_fatbin_image:
+.incbin "$image"
+.balign 8
+.section .nvFatBinSegment,"aw"
+.balign 8
+.globl $sym
+.hidden $sym
+.type $sym,%object
+.size $sym,24
+$sym:
+.long 0x466243b1
+.long 1
+.quad .Lbgraph_fatbin_image
+.quad 0
+.section .note.GNU-stack,"",%progbits
+EOF
+/usr/bin/as -o /tmp/bgraph-fatbin.o /tmp/bgraph-fatbin.s
+exec /usr/bin/ld -r "$host" /tmp/bgraph-fatbin.o -o "$obj"
 """
 
 
@@ -227,14 +248,19 @@ def parse_dryrun(text: str, object_name: str,
             step.argv = ["/bin/sh", "-c", _HOSTCC_SCRIPT, "hostcc", fatbin, fatbin_symbol,
                          *(("/bgraph/out/" + host_obj) if a == object_name else a for a in step.argv)]
             steps.append(step)
-            fatbin_obj = object_name.removesuffix(".o") + ".fatbin.o"
+            # fatbinary's action, moved after the host compile, writes the image to its /tmp and
+            # ends in the TU's object (see _FATBIN_SCRIPT).
             maker = next(st for st in steps if fatbin in st.outputs)
-            maker.argv = ["/bin/sh", "-c", _FATBIN_SCRIPT, "fatbin", f"/bgraph/out/{fatbin}",
-                          f"/bgraph/out/{fatbin_obj}", fatbin_symbol, *maker.argv]
-            maker.outputs.append(fatbin_obj)
-            steps.append(Step("link", None, ["/usr/bin/ld", "-r", f"/bgraph/in/{host_obj}", f"/bgraph/in/{fatbin_obj}",
-                                             "-o", f"/bgraph/out/{object_name}"],
-                              inputs=[host_obj, fatbin_obj], outputs=[object_name]))
+            steps.remove(maker)
+            image = "/tmp/" + fatbin.removesuffix(".c")
+            argv = [f"--create={image}" if a == f"--embedded-fatbin=/bgraph/out/{fatbin}" else a for a in maker.argv]
+            if argv == maker.argv:
+                raise DryrunError(f"fatbinary does not write {fatbin} by --embedded-fatbin; cannot decompose")
+            maker.argv = ["/bin/sh", "-c", _FATBIN_SCRIPT, "fatbin", image, f"/bgraph/in/{host_obj}",
+                          f"/bgraph/out/{object_name}", fatbin_symbol, *argv]
+            maker.inputs.append(host_obj)
+            maker.outputs = [object_name]
+            steps.append(maker)
             return env, steps
         produced.update(step.outputs)
         steps.append(step)

@@ -247,8 +247,8 @@ def _output_tree(cache: Path, link: str):
 
 # ---- the step-by-step comparison ------------------------------------------------------------
 
-STEP_ORDER = ("dryrun", "hostpp", "cudafe", "devpp", "cicc", "ptxas", "fatbin", "hostcc", "link",
-              "archive")
+STEP_ORDER = ("dryrun", "hostpp", "cudafe", "devpp", "cicc", "ptxas", "hostcc", "fatbin", "link",
+              "archive")  # link: traces from before fatbinary's action joined the TU's object
 
 
 def _results(cache: Path, actions: list[dict], label: str) -> dict[str, dict]:

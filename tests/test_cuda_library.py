@@ -138,7 +138,9 @@ def test_host_only_edit_is_never_missed(ws, cache):
     before = archive_bytes(ws)
     edit(ws / "k" / "a.cu", "return 42;", "return 43;")
     s = build(ws, cache)
-    assert ran(s, *COMPILES) == ["cudafe k/a.cu", "hostcc k/a.cu"]
+    # No device step: fatbinary's step re-runs only to join the new host object to the same cubins.
+    assert ran(s, *COMPILES) == ["cudafe k/a.cu", "fatbin k/a.cu", "hostcc k/a.cu"]
+    assert ran(s, "cicc", "ptxas", "devpp") == []
     assert archive_bytes(ws) != before
 
 

@@ -19,25 +19,25 @@ def test_two_arch_dryrun_becomes_per_arch_steps():
         ("hostpp", None), ("cudafe", None),
         ("devpp", "1200"), ("cicc", "120a"), ("ptxas", "120a"),
         ("devpp", "1210"), ("cicc", "121a"), ("ptxas", "121a"),
-        ("fatbin", None), ("hostcc", None), ("link", None)]
+        ("hostcc", None), ("fatbin", None)]
     assert env["NVVMIR_LIBRARY_DIR"].startswith("/bgraph/toolchain")
     cicc121 = steps[6]
     assert cicc121.inputs == ["k.module_id", "k.compute_121a.cpp1.ii"]
     assert "k.compute_121a.ptx" in cicc121.outputs
-    # No temp name, PID or host path survives.
+    # No temp name, PID or host path survives (the fatbinary's image is written to the sandbox's /tmp).
     for s in steps:
-        assert not any("tmpxft" in a or a.startswith("/tmp") for a in s.argv), s.argv
+        assert not any("tmpxft" in a or a.startswith("/tmp") and a != "/tmp/k.fatbin" for a in s.argv), s.argv
     # Only preprocessing reads the source: the compile steps are keyed on their inputs alone.
     assert [s.kind for s in steps if s.reads_source] == ["hostpp", "devpp", "devpp"]
-    # The host compile never reads the fatbinary (a stand-in declares its wrapper); the fatbin is
-    # compiled alone, in fatbinary's own action, and `ld -r` joins the two into the TU's object.
-    fatbin, host, link = steps[-3:]
+    # The host compile never reads the fatbinary (a stand-in declares its wrapper); fatbinary's
+    # action, last, embeds its image and joins it to the host object (`ld -r`) into the TU's object.
+    host, fatbin = steps[-2:]
     assert host.outputs == ["k.host.o"] and "k.fatbin.c" not in host.needs()
     assert host.aliases == {"k.cudafe1.stub.c": "k.compute_121a.cudafe1.stub.c"}
-    assert fatbin.outputs[-2:] == ["k.fatbin.c", "k.fatbin.o"] and fatbin.argv[:2] == ["/bin/sh", "-c"]
-    assert fatbin.inputs == ["k.compute_120a.cubin", "k.compute_121a.cubin"]
-    assert link.inputs == ["k.host.o", "k.fatbin.o"]
-    assert link.outputs == ["k.o"]
+    assert fatbin.argv[:2] == ["/bin/sh", "-c"] and "--create=/tmp/k.fatbin" in fatbin.argv
+    assert not any(a.startswith("--embedded-fatbin") for a in fatbin.argv)
+    assert fatbin.inputs == ["k.compute_120a.cubin", "k.compute_121a.cubin", "k.host.o"]
+    assert fatbin.outputs == ["k.o"]
 
 
 def test_single_arch_names_match_the_multi_arch_ones():

@@ -6,8 +6,8 @@ names, one serves all the TUs of a directory with one flag set) lists the steps;
 each becomes a sandboxed action keyed on exactly what it reads. The preprocessing steps (host
 and per arch) read the source tree: each writes a depfile, and the rebuilder narrows their
 inputs to the files it names, so an edit to a file the TU does not include runs nothing.
-cicc/ptxas for an arch run only when that arch's preprocessed text changes; fatbinary and
-the host compile are the cheap combining steps.
+cicc/ptxas for an arch run only when that arch's preprocessed text changes; the host compile
+sees no device code, and fatbinary's step (cheap) embeds the cubins and joins the TU's object.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from build_graph.nvcc import DryrunError, parse_dryrun
 from build_graph.rules.base import OUT, TOOLCHAIN, Dataflow, RuleContext
 
 STEP_MNEMONIC = {"hostpp": "CudaHostPreprocess", "cudafe": "CudaFrontend", "devpp": "CudaDevicePreprocess",
-                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile",
-                 "link": "CudaObjectLink"}
+                 "cicc": "CudaCicc", "ptxas": "CudaPtxas", "fatbin": "CudaFatbinary", "hostcc": "CudaHostCompile"}
 
 
 @dataclass(frozen=True)
