@@ -128,27 +128,15 @@ def _rename(arg: str, fn) -> str:
 
 # The host object would #include the fatbinary (via the stub), so every device change would
 # recompile it. Instead the host compile sees a stand-in that declares the fatbin wrapper as an
-# extern symbol, the real fatbin.c is compiled on its own defining that symbol, and `ld -r` joins
-# the two objects into the TU's object.
+# extern symbol (written by the shell's printf, no process; the sandbox's /tmp holds nothing
+# else), and fatbinary's step defines that symbol and joins the TU's object (_FATBIN_SCRIPT).
 _HOSTCC_SCRIPT = r"""set -e
 name=$1; sym=$2; shift 2
-mkdir -p /tmp/bgraph-fatbin
-cat > "/tmp/bgraph-fatbin/$name" <<EOF
-#ifndef __SKIP_INTERNAL_FATBINARY_HEADERS
-#include "fatbinary_section.h"
-#endif
-#define __CUDAFATBINSECTION  ".nvFatBinSegment"
-#define __CUDAFATBINDATASECTION  ".nv_fatbin"
-#ifdef __cplusplus
-extern "C" {
-#endif
-extern const __fatBinC_Wrapper_t $sym;
-#ifdef __cplusplus
-}
-#endif
-#define __fatDeviceText $sym
-EOF
-exec "$@" -iquote /tmp/bgraph-fatbin
+printf '%s\n' '#ifndef __SKIP_INTERNAL_FATBINARY_HEADERS' '#include "fatbinary_section.h"' '#endif' \
+  '#define __CUDAFATBINSECTION  ".nvFatBinSegment"' '#define __CUDAFATBINDATASECTION  ".nv_fatbin"' \
+  '#ifdef __cplusplus' 'extern "C" {' '#endif' "extern const __fatBinC_Wrapper_t $sym;" '#ifdef __cplusplus' '}' \
+  '#endif' "#define __fatDeviceText $sym" > "/tmp/$name"
+exec "$@" -iquote /tmp
 """
 # fatbinary and the joining of the TU's object in one action: the fatbinary's image is embedded by
 # an assembler file (`.incbin`, the layout nvcc's fatbin.c gives: the image in `.nv_fatbin`, the
@@ -160,7 +148,7 @@ exec "$@" -iquote /tmp/bgraph-fatbin
 _FATBIN_SCRIPT = r"""set -e
 image=$1; host=$2; obj=$3; sym=$4; shift 4
 "$@"
-cat > /tmp/bgraph-fatbin.s <<EOF
+/usr/bin/as -o /tmp/bgraph-fatbin.o <<EOF
 .section .nv_fatbin,"a"
 .balign 8
 .Lbgraph_fatbin_image:
@@ -179,7 +167,6 @@ $sym:
 .quad 0
 .section .note.GNU-stack,"",%progbits
 EOF
-/usr/bin/as -o /tmp/bgraph-fatbin.o /tmp/bgraph-fatbin.s
 exec /usr/bin/ld -r "$host" /tmp/bgraph-fatbin.o -o "$obj"
 """
 
