@@ -85,7 +85,19 @@ WATCH_S = 0.25
 # The action's first process joins its cgroups (the files named before "--"), then becomes bwrap:
 # nothing of the action runs outside them, and nothing of bgraph's memory is charged to them
 # (a process's pages stay charged where they were when it moves; sh has exec'd by then).
-JOIN_AND_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+# The shell's PWD (which sh exports, the directory bgraph runs in: the workspace) is unset before
+# the exec: bwrap would pass it on, and the sandbox's /proc/1/environ would show that host path.
+JOIN_AND_EXEC = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+                 'unset PWD OLDPWD; exec "$@"')
+
+# An action's processes are killed by its groups, not only by bwrap's process group: after its
+# bwrap ends (Accounting.kill_left, before its outputs are read), when bgraph stops (kill_all),
+# when a group will not go (_remove: EBUSY), at exit and in a dead bgraph's stale groups
+# (_remove_tree). A process that got out of the PID namespace's teardown (ptrace of bwrap's init
+# clears its parent-death signal: red-team R2 pid1_ptrace) stays in the groups it was started in,
+# where it cannot leave (no cgroup file is writable in the sandbox). Killing it takes at most
+# this long; one in uninterruptible sleep past it is left to the next try (rmdir, remove_stale).
+KILL_WAIT_S = 2.0
 
 
 # Action groups are named "<n>" inside this process's own group: n from one counter per process,
@@ -568,6 +580,8 @@ class Accounting:
                  pids: PidsLimit | None = None, limits: Limits | None = None):
         self.cpu, self.memory, self.pids, self.limits = cpu, memory, pids, limits
         self._live: list[dict[str, Path]] = []  # groups made and not yet removed, watched
+        self._all: list[dict[str, Path]] = []  # every group made and not yet removed (kill_all)
+        self._space: dict[str, SpaceWatch] = {}  # space_watch's, by path
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._capped = False  # this process's own caps set (_set_own_caps)
@@ -648,6 +662,8 @@ class Accounting:
         except OSError:
             self.remove(groups)
             raise
+        with self._lock:
+            self._all.append(groups)
         if self.limits is not None and ("pids" in groups or "memory" in groups):
             with self._lock:
                 self._live.append(groups)
@@ -717,13 +733,171 @@ class Accounting:
         return self.memory.peak_mb(groups["memory"]) if "memory" in groups else None
 
     def remove(self, groups: dict[str, Path]) -> None:
+        """Remove an ended action's groups (a process still in one is killed first: _remove)."""
         with self._lock:
             self._live = [g for g in self._live if g is not groups]
+            self._all = [g for g in self._all if g is not groups]
         for group in set(groups.values()):
             _remove(group)
 
+    def kill_left(self, groups: dict[str, Path]) -> int:
+        """Kill whatever is still in an action's groups once its bwrap has ended, and wait until
+        they are empty: nothing of the action runs while its outputs are read. Returns how many
+        of those were alive: a process that outlived the sandbox (bwrap's PID namespace kills
+        every other one; its init may still be listed, on its way out, and is not counted). An
+        ordinary action costs one read of each group's process list (and a kill and a short
+        wait where init is still listed). The pids group first: no fork succeeds there meanwhile."""
+        found, seen = 0, []
+        for name in ("pids", "memory", "cpu"):  # one group for all under v2
+            group = groups.get(name)
+            if group is not None and group not in seen:
+                seen.append(group)
+                found = max(found, _kill_until_empty(group))  # v1: the same processes in each
+        return found
 
-def _kill(group: Path) -> None:
+    def kill_all(self) -> None:
+        """Kill every process in every group this object made and has not removed: bgraph stops
+        (Ctrl-C, SIGTERM). Idle spares' shells go too; nothing of an action is left on the host."""
+        with self._lock:
+            made = list(self._all)
+        for groups in made:
+            try:
+                self.kill_left(groups)
+            except OSError:
+                pass
+
+    def space_watch(self, path: Path, low_bytes: int) -> "SpaceWatch":
+        """The one SpaceWatch of `path`'s file system for this object's actions."""
+        key = str(path)
+        with self._lock:
+            watch = self._space.get(key)
+            if watch is None:
+                watch = self._space[key] = SpaceWatch(path, low_bytes)
+        return watch
+
+
+# How often the cache's file system is sampled while actions run (SpaceWatch), and the free inodes
+# below which it counts as full (free bytes: the caller's floor, sandbox.LOW_SPACE).
+SPACE_WATCH_S = 0.05
+LOW_INODES = 256
+
+
+class SpaceWatch:
+    """Whether the cache's file system was full while an action ran (red-team R2 diskfull).
+
+    One action can fill the disk (an undeclared file in its output directory) and free it again
+    before it ends; a concurrent action's writes fail with ENOSPC meanwhile, and a command that
+    goes on after a failed write (a shell without `set -e`) exits 0 with truncated outputs, which
+    would be stored as good and served as hits. So while any action runs, one thread samples the
+    file system (statvfs: free bytes, and free inodes where it counts them) every SPACE_WATCH_S,
+    and each action samples it once more at its end: an action that was running at a sample
+    below the floor is failed (`end`), never recorded, and the largest writer among the actions
+    running then (the biggest output directory) is named. The thread waits on a condition while
+    no action runs; an action costs a lock, a notify and one statvfs.
+
+    What sampling cannot see: a fill and free shorter than SPACE_WATCH_S that falls between two
+    samples (an action writing at that moment may still lose a write unseen); a full disk other
+    than the cache's (the sandbox's /tmp is memory: a write past its size fails there, as on
+    any machine, and is the action's own); space freed by someone else before the first sample."""
+
+    def __init__(self, path: Path, low_bytes: int, low_inodes: int = LOW_INODES,
+                 interval_s: float = SPACE_WATCH_S):
+        self.path, self.low_bytes, self.low_inodes, self.interval_s = path, low_bytes, low_inodes, interval_s
+        self._cond = threading.Condition()
+        self._running: dict[int, tuple[str, Path]] = {}  # token -> (action name, output directory)
+        self._full: dict[int, str] = {}  # token -> why its action fails
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, name: str, out_dir: Path) -> int:
+        """An action starts writing into `out_dir`: watched until `end`."""
+        with self._cond:
+            token = next(self._ids)
+            self._running[token] = (name, out_dir)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bgraph-space", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return token
+
+    def end(self, token: int) -> str | None:
+        """The action has ended: None where the disk stayed above the floor at every sample while
+        it ran (and now), else the one line its failure says."""
+        low = self.low()
+        if low is not None:
+            self._mark(low)
+        with self._cond:
+            self._running.pop(token, None)
+            return self._full.pop(token, None)
+
+    def low(self) -> str | None:
+        """What is free, where the file system is below the floor now; else None."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize  # an action has no capability: root's reserve is not its
+        inodes = st.f_favail if st.f_files else None  # some file systems count no inodes (0)
+        if free >= self.low_bytes and (inodes is None or inodes >= self.low_inodes):
+            return None
+        return f"{free / (1 << 20):.1f} MiB" + (f" and {inodes} inodes" if inodes is not None else "") + " free"
+
+    def _mark(self, low: str) -> None:
+        """Every running action fails: the disk was full while it ran."""
+        line = f"ran while the cache disk was full ({low} on {self.path}); its outputs may be truncated"
+        with self._cond:  # marked at once: one that ends while the writer is looked for fails all the same
+            new = [t for t in self._running if t not in self._full]
+            for t in new:
+                self._full[t] = line
+            running = list(self._running.values())
+        if not new:
+            return
+        writer = _largest_writer(running)
+        if writer is not None:
+            named = (f"{line}; the largest writer of the actions running then: {writer[0]} "
+                     f"({writer[1] / (1 << 20):.0f} MiB in its output directory)")
+            with self._cond:
+                for t in new:
+                    if t in self._full and t in self._running:
+                        self._full[t] = named
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._running:
+                    self._cond.wait()
+            low = self.low()
+            if low is not None:
+                self._mark(low)
+            time.sleep(self.interval_s)
+
+
+def _largest_writer(running: list[tuple[str, Path]], most: int = 100_000) -> tuple[str, int] | None:
+    """The action whose output directory takes the most of the disk (blocks, at most `most`
+    entries walked per directory), with its size; only when the disk is full."""
+    best = None
+    for name, out_dir in running:
+        size, todo, seen = 0, [str(out_dir)], 0
+        while todo and seen < most:
+            try:
+                with os.scandir(todo.pop()) as entries:
+                    for e in entries:
+                        seen += 1
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        size += st.st_blocks * 512
+                        if e.is_dir(follow_symlinks=False):
+                            todo.append(e.path)
+            except OSError:
+                continue
+        if best is None or size > best[1]:
+            best = (name, size)
+    return best
+
+
+def _kill(group: Path, rounds: int = 100) -> None:
     """SIGKILL every process in `group` (cgroup v2's cgroup.kill where there is one; else each
     listed process, again until none is left: one may have forked meanwhile). Never a process
     outside it: a listed pid may end and be reused by another process before the kill, so each
@@ -734,7 +908,7 @@ def _kill(group: Path) -> None:
     if (group / "cgroup.kill").exists():
         (group / "cgroup.kill").write_text("1")
         return
-    for _ in range(100):
+    for _ in range(rounds):
         pids = _procs(group)
         if not pids:
             return
@@ -770,22 +944,26 @@ def _procs(group: Path) -> list[int]:
 
 
 def _remove_tree(group: Path) -> None:
-    """Remove a process's own group: the action groups left in it, then itself (where empty)."""
+    """Remove a process's own group: the action groups left in it, then itself (where empty).
+    A process still in one (an action's that outlived its sandbox and its bgraph) is killed."""
     try:
         for child in group.iterdir():
             if child.is_dir():
                 try:
                     child.rmdir()
-                except OSError:
-                    pass
+                except OSError as e:
+                    if e.errno == errno.EBUSY and _kill_until_empty(child):
+                        _remove(child)
         group.rmdir()
     except OSError:
         pass
 
 
 def _remove(group: Path) -> None:
-    """Remove the group once its last process is gone (the kernel may take a moment). A group
-    that will not go is left to remove_stale: its action has finished either way."""
+    """Remove the group once its last process is gone (the kernel may take a moment). Its action
+    has ended: a process still in it outlived the sandbox and is killed. A group that will not
+    go is left to remove_stale: its action has finished either way."""
+    killed = False
     for _ in range(50):
         try:
             group.rmdir()
@@ -793,7 +971,83 @@ def _remove(group: Path) -> None:
         except OSError as e:
             if e.errno != errno.EBUSY:
                 return
+            if not killed:
+                killed = True
+                try:
+                    _kill_until_empty(group)
+                except OSError:
+                    pass
+                continue
             time.sleep(0.01)
+
+
+def _left(group: Path) -> list[int]:
+    """The processes in `group` (none where it is gone)."""
+    try:
+        return _procs(group)
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_until_empty(group: Path, wait_s: float = KILL_WAIT_S) -> int:
+    """Kill every process in `group` until none is left (at most `wait_s`): first no new process
+    (pids.max 0, where the group has a pids limit: a fork fails), then SIGKILL, again while any
+    is listed. Returns how many of those listed at first were alive (_alive: not one already
+    on its way out, such as bwrap's init tearing its PID namespace down, which may still be
+    listed when the outer bwrap has ended); 0 where none was listed, and nothing is written."""
+    first = _left(group)
+    if not first:
+        return 0
+    alive = len(_alive(first))
+    try:
+        (group / "pids.max").write_text("0")
+    except OSError:
+        pass  # no pids limit here (v1 cpuacct or memory): the kill loop catches forks
+    deadline = time.monotonic() + wait_s
+    pause = 0.0005
+    while True:
+        try:
+            _kill(group, rounds=1)
+        except (OSError, ValueError):
+            pass
+        if not _left(group) or time.monotonic() >= deadline:
+            return alive
+        time.sleep(pause)  # SIGKILLed processes stay listed until they have exited
+        pause = min(pause * 2, 0.05)
+
+
+_PF_EXITING = 0x4  # /proc/<pid>/stat's flags: the process is in exit
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` (one group's) that are not on their way out: gone, exiting, a SIGKILL
+    pending (the parent-death signal bwrap's init gets when the outer bwrap ends), or below one
+    of them in `pids` (the processes of a PID namespace whose init is dying: it kills them next)."""
+    parent, dying = {}, set()
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rfind(")") + 2:].split()
+            parent[pid] = int(fields[1])
+            if fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING:
+                dying.add(pid)
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+                    dying.add(pid)
+                    break
+        except (OSError, ValueError, IndexError):
+            dying.add(pid)  # gone
+    alive = []
+    for pid in pids:
+        here, seen = pid, set()
+        while here in parent and here not in dying and here not in seen:
+            seen.add(here)
+            here = parent[here]
+        if here not in dying:
+            alive.append(pid)
+    return alive
 
 
 def _own_v1_path(self_cgroup: Path, controller: str) -> str | None:

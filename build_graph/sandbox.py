@@ -332,6 +332,7 @@ class BwrapRunner:
         key = (action.staged, staged.digest(self.cas.digester)) if staged is not None else None
         out_dir, layout = self._out_dir(key)
         outputs: Outputs | None = None
+        watched: int | None = None  # the action's token of the cache disk's watch
         try:
             if staged is not None and layout is None:
                 layout = _stage(out_dir, staged, action.staged)
@@ -339,6 +340,10 @@ class BwrapRunner:
                 if "/" in o:
                     _make_parents(out_dir, o, action.name)
             start = time.monotonic()
+            # The cache's disk is watched while the action runs (cgroups.SpaceWatch): one that ran
+            # while it was full may have lost writes and still exit 0.
+            space = self.accounting.space_watch(self.cas.tmp, LOW_SPACE)
+            watched = space.begin(action.name, out_dir)
             proc, groups, outputs = self._start(action, out_dir)
             try:
                 # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:
@@ -357,7 +362,17 @@ class BwrapRunner:
                     self._procs.discard(proc)
             end = time.monotonic()
             duration = end - start
+            full, watched = space.end(watched), None
             hit = self.accounting.limit_hit(groups)  # a fork refused or a process killed for memory
+            # bwrap has ended; its PID namespace's teardown kills every process in it (its init
+            # may still be listed, dying). One still alive in the action's groups got out of that
+            # teardown (ptrace of bwrap's init): every process left is killed, and waited for,
+            # before anything of the action is read, and the action fails (one alive might write).
+            left = self.accounting.kill_left(groups)
+            if left and not self.stopping:  # stop() kills by the groups too: "interrupted" below
+                raise ActionFailed(f"{left} process{'es' if left > 1 else ''} of the action outlived its sandbox "
+                                   "(still running after bwrap ended); killed, its outputs not kept",
+                                   where=action.name)
             if hit is not None:
                 raise ActionFailed(hit.message, where=action.name, hint=hit.hint)
             cpu_s = self.accounting.cpu_s(groups)
@@ -371,6 +386,9 @@ class BwrapRunner:
                 # The action wrote its outputs on the cache's disk, which is full: its own error
                 # text is lost or misleading; say what happened.
                 raise OSError(errno.ENOSPC, "no space left in the cache directory")
+            if full is not None:  # freed again since: what it wrote may be truncated, exit 0 or not
+                raise ActionFailed(full, where=action.name,
+                                   hint="free space on the cache's disk (or find what filled it) and build again")
             if code != 0:
                 raise ActionFailed(f"exited with status {code}\n{_tail(stdout + stderr)}", where=action.name)
             for o in action.outputs:
@@ -384,6 +402,8 @@ class BwrapRunner:
                 raise ActionFailed(f"declared outputs missing: {', '.join(missing)}\n{_tail(stderr)}",
                                    where=action.name)
         except BaseException:
+            if watched is not None:
+                space.end(watched)
             self._end(outputs, groups)
             self._done_with(out_dir, reuse=not self.stopping, key=key, layout=layout)
             raise
@@ -540,6 +560,10 @@ class BwrapRunner:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # And by their cgroups: a process that got out of its PID namespace's teardown (ptrace of
+        # bwrap's init) is in none of these process groups. Without cgroups (a host that has none)
+        # only the above holds, with the seccomp filter that refuses an action ptrace.
+        self.accounting.kill_all()
 
 
 def _nul_separated(args: list[str]) -> bytes:

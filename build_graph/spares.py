@@ -233,7 +233,8 @@ class Spares:
             fds += [outputs.stdout, outputs.stderr]
             options = memfd("options")
             fds.append(options)
-            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs],
+            # In "/": sh exports PWD (where bgraph runs), which bwrap would pass on to the sandbox.
+            proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs], cwd="/",
                                     stdin=subprocess.PIPE, stdout=outputs.stdout, stderr=outputs.stderr,
                                     pass_fds=(options,), env=dict(HOST_ENV), start_new_session=True)
         except OSError:
