@@ -809,8 +809,11 @@ class SpaceWatch:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def begin(self, name: str, out_dir: Path) -> int:
-        """An action starts writing into `out_dir`: watched until `end`."""
+    def begin(self, name: str, out_dir: Path, outputs: tuple[str, ...] = ()) -> int:
+        """An action starts writing into `out_dir`: watched until `end`. Its name and declared
+        `outputs` name it where it is the largest writer (an action knows no target label)."""
+        if outputs and outputs != (".",):
+            name = f"{name} with outputs {', '.join(outputs[:3])}{', ...' if len(outputs) > 3 else ''}"
         with self._cond:
             token = next(self._ids)
             self._running[token] = (name, out_dir)
@@ -844,7 +847,7 @@ class SpaceWatch:
 
     def _mark(self, low: str) -> None:
         """Every running action fails: the disk was full while it ran."""
-        line = f"ran while the cache disk was full ({low} on {self.path}); its outputs may be truncated"
+        line = f"ran while the cache disk was full ({low} on {_mount_of(self.path)}); its outputs may be truncated"
         with self._cond:  # marked at once: one that ends while the writer is looked for fails all the same
             new = [t for t in self._running if t not in self._full]
             for t in new:
@@ -854,7 +857,7 @@ class SpaceWatch:
             return
         writer = _largest_writer(running)
         if writer is not None:
-            named = (f"{line}; the largest writer of the actions running then: {writer[0]} "
+            named = (f"{line}; the largest writer of the actions running then: the {writer[0]} "
                      f"({writer[1] / (1 << 20):.0f} MiB in its output directory)")
             with self._cond:
                 for t in new:
@@ -870,6 +873,14 @@ class SpaceWatch:
             if low is not None:
                 self._mark(low)
             time.sleep(self.interval_s)
+
+
+def _mount_of(path: Path) -> str:
+    """The mount point `path` lies on (said where the disk is full)."""
+    here = os.path.abspath(path)
+    while not os.path.ismount(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    return here
 
 
 def _largest_writer(running: list[tuple[str, Path]], most: int = 100_000) -> tuple[str, int] | None:

@@ -343,7 +343,7 @@ class BwrapRunner:
             # The cache's disk is watched while the action runs (cgroups.SpaceWatch): one that ran
             # while it was full may have lost writes and still exit 0.
             space = self.accounting.space_watch(self.cas.tmp, LOW_SPACE)
-            watched = space.begin(action.name, out_dir)
+            watched = space.begin(action.name, out_dir, action.outputs)
             proc, groups, outputs = self._start(action, out_dir)
             try:
                 # Without a memory cgroup, the process tree is sampled. Never wait4's ru_maxrss:

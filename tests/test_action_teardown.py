@@ -190,7 +190,8 @@ def test_an_action_that_ran_while_the_cache_disk_was_full_fails_and_stores_nothi
             assert isinstance(error, ActionFailed), (name, got)
             text = str(error)
             assert "ran while the cache disk was full" in text and "its outputs may be truncated" in text, text
-            assert "the largest writer of the actions running then: fill (" in text, text
+            assert "the largest writer of the actions running then: the fill with outputs o (" in text, text
+            assert f"free on {small_cache})" in text, text
             assert len(error.message.splitlines()) == 1
         # Neither was stored (run raises before its outputs are taken in); the same victim on a
         # disk with room is whole.
