@@ -80,7 +80,7 @@ def probe_host_tools(paths: tuple[str, ...], digester, known: JsonTable | None =
                                "host_tools.tools; a script the workspace ships is a source")
         real = os.path.realpath(p)
         try:
-            st = os.stat(real)
+            st = filestate.settle(real, os.stat(real))  # a recent binary's mapped pages written back first
         except FileNotFoundError:
             st = None
         if st is None or not stat.S_ISREG(st.st_mode):

@@ -639,7 +639,9 @@ class LocalCas:
         # executable and the next one's not, so the keys changed between them).
         lst = os.lstat(key)
         link = stat.S_ISLNK(lst.st_mode)
-        st = os.stat(key) if link else lst
+        # Settled (filestate.settle): a recent file's pages a mapping dirtied are written back
+        # first, so bytes stored through it since then move the stamp.
+        st = filestate.settle(key, os.stat(key) if link else lst)
         stamp = filestate.of(st, os.readlink(key) if link else "")
         known = self._sources.table.get(key)
         if known and known[:6] == stamp:

@@ -5,7 +5,8 @@ WORKSPACE.toml, targets/**/*.toml and bgraph's code alone.
 It is kept in the cache, never in the workspace (a checkout could ship one), as a row of the
 cache's state file (store/statefile.py, `parses`, by workspace root) holding JSON: the
 validated models dumped by pydantic and validated again on load, so nothing kept is executed or
-unpickled. A kept parse is used while the file-state stamp (incremental/filestate.py) of each of
+unpickled. A kept parse is used while the file-state stamp (incremental/filestate.py, settled:
+a target file edited through a shared mapping is written back before it is stamped) of each of
 those files holds; a load during which one of them was racily clean is not kept. A damaged,
 foreign or unreadable one is ignored (the workspace is parsed). A command that only reads
 (explain, why) keeps none in a cache that has no state file yet.

@@ -27,7 +27,9 @@ scanned before and after the build; a record is written only if both scans agree
 edited twice within one tick of the file system's clock (a file whose mtime or ctime is within
 filestate.RACY_NS of the scan is "racily clean", as git calls it: the record lists it as always
 changed, so the next build checks it and what reads it, and only that: an edit-build-edit loop
-keeps its record).
+keeps its record). Every stamp of a workspace file, of bgraph's code and of a host tool is settled
+(filestate.settle): a recent file's pages dirtied through a shared mapping are written back before
+it is stat'ed, so a later store through that mapping moves its stamp.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ def request_digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
+# Settled stamps (filestate.settle): a workspace file, bgraph's code, the config, a host tool,
+# the generation file. The outputs' stamps are not settled (output_stamp): they are the cache's
+# read-only blobs and trees, just written by the build, whose write-back would cost every build.
 stamp_of = filestate.stamp
+
+
+def output_stamp(path: str) -> Stamp | None:
+    return filestate.stamp(path, settle_first=False)
 
 
 class Unrecordable(Exception):
@@ -141,13 +150,13 @@ def output_stamps(links: dict[str, str]) -> dict[str, Stamp]:
     an output tree changed in shape (a file added, a directory link re-pointed) is seen too."""
     stamps: dict[str, Stamp] = {}
     for target in links.values():
-        stamps[target] = stamp_of(target)
+        stamps[target] = output_stamp(target)
         if not os.path.isdir(target):
             continue
         for dirpath, dirs, names in os.walk(target):  # links to directories are in `dirs`, not followed
             for name in dirs + names:
                 path = os.path.join(dirpath, name)
-                stamps[path] = stamp_of(path)
+                stamps[path] = output_stamp(path)
     return stamps
 
 
@@ -179,7 +188,7 @@ def restore_links(record: Record, layout_root: Path) -> int | None:
         if found is not None or os.path.lexists(link):
             return None  # re-pointed by another build since, or something else there: the build decides
         missing.append((rel, target))
-    if not all(stamp_of(p) == s for p, s in record.outputs.items()):
+    if not all(output_stamp(p) == s for p, s in record.outputs.items()):
         return None
     for rel, target in missing:
         try:
@@ -196,7 +205,7 @@ def restore_links(record: Record, layout_root: Path) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         whole = stamp_of(generation) == record.extra[generation] and all(
-            stamp_of(p) == s for p, s in record.outputs.items())
+            output_stamp(p) == s for p, s in record.outputs.items())
     finally:
         os.close(fd)
     return len(missing) if whole else None
