@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from build_graph import seccomp
 from build_graph.cgroups import Accounting
 from build_graph.errors import ActionFailed, SandboxError
 from build_graph.incremental import filestate
@@ -110,10 +111,12 @@ PROBE_DIRS = ("/usr", "/etc", "/opt")
 PROBE_TOP = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
-def probe_command(bwrap: str, p: str) -> list[str]:
+def probe_command(bwrap: str, p: str, seccomp_fd: int) -> list[str]:
     """The bwrap command that runs `p --version` as an action runs: no capability, no network,
-    own namespaces, read-only /proc, the system directories read-only, and `p` itself."""
-    args = [bwrap, "--unshare-all", *NO_CAPABILITIES, *nesting_options(bwrap), "--die-with-parent",
+    own namespaces, read-only /proc, the system directories read-only, and `p` itself; the
+    actions' seccomp program read from descriptor `seccomp_fd`."""
+    args = [bwrap, "--unshare-all", *NO_CAPABILITIES, *nesting_options(bwrap), *seccomp.options(seccomp_fd),
+            "--die-with-parent",
             "--new-session", "--hostname", "bgraph", *READ_ONLY_PROC, "--dev", "/dev", "--tmpfs", "/tmp"]
     for d in PROBE_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
@@ -135,11 +138,15 @@ def _sandboxed_version(p: str) -> str:
     PROBE_OUTPUT_CAP bytes; a tool that writes more is killed."""
     import selectors
 
+    program = seccomp.open_program()
     try:
-        proc = subprocess.Popen(probe_command(find_bwrap(), p), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(PROBE_ENV))
+        proc = subprocess.Popen(probe_command(find_bwrap(), p, program), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(PROBE_ENV),
+                                pass_fds=(program,))
     except OSError:
         return ""
+    finally:
+        os.close(program)
     got = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     try:
@@ -247,6 +254,7 @@ class BwrapRunner:
         self.cas = cas
         self.bwrap = find_bwrap()
         self.isolation = (*NO_CAPABILITIES, *nesting_options(self.bwrap))
+        seccomp.memory_file()  # the seccomp program every action's bwrap installs (a SandboxError here if none)
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.stopping = False
@@ -297,12 +305,14 @@ class BwrapRunner:
 
     def interactive(self, action: Action, out_dir: Path) -> tuple[list[str], dict[str, str], int | None]:
         """argv, host environment and stdin (a descriptor, or None for the caller's) that run
-        `action` in the foreground (`bgraph exec`): its environment reaches only the sandbox."""
+        `action` in the foreground (`bgraph exec`): its environment reaches only the sandbox. A
+        shell opens the seccomp program's file for bwrap (the caller passes no descriptor on)."""
         bwrap, *options = self.command(action, out_dir)
         split = options.index("--")
         env = self.handover(action)
         stdin = stdin_fd(env.script) if env.script is not None else None
-        argv = [bwrap, *options[:split], *env.options, "--", *env.prefix, *options[split + 1:]]
+        argv = ["/bin/sh", "-c", 'f=$1; shift; exec "$@" 3<"$f"', "bgraph-exec", str(seccomp.program_path()),
+                bwrap, *seccomp.options(3), *options[:split], *env.options, "--", *env.prefix, *options[split + 1:]]
         return argv, dict(HOST_ENV), stdin
 
     def run(self, action: Action, stamps: dict[str, float] | None = None) -> tuple[Tree, ActionResult]:
@@ -517,22 +527,23 @@ class BwrapRunner:
             spare.outputs.close()
             self.accounting.remove(spare.groups)
         groups = self.accounting.new_groups()
-        outputs = args = stdin = None
+        outputs = args = stdin = program = None
         try:
-            outputs, args = Outputs.new(), memfd("options")
+            outputs, args, program = Outputs.new(), memfd("options"), seccomp.open_program()
             os.write(args, _nul_separated([*options[:split], *env.options]))
             os.lseek(args, 0, os.SEEK_SET)
             stdin = stdin_fd(env.script)
-            argv = self.accounting.wrap(groups, [bwrap, "--args", str(args), "--", *argv_in])
+            argv = self.accounting.wrap(groups, [bwrap, *seccomp.options(program), "--args", str(args), "--",
+                                                 *argv_in])
             proc = subprocess.Popen(argv, stdout=outputs.stdout, stderr=outputs.stderr, stdin=stdin,
-                                    pass_fds=(args,), start_new_session=True, env=dict(HOST_ENV))
+                                    pass_fds=(args, program), start_new_session=True, env=dict(HOST_ENV))
         except BaseException:
             if outputs is not None:
                 outputs.close()
             self.accounting.remove(groups)
             raise
         finally:
-            for fd in (args, stdin):
+            for fd in (args, stdin, program):
                 if fd is not None:
                     os.close(fd)
         with self._lock:

@@ -14,7 +14,8 @@ process already counted in its groups. A spare that is gone when its action come
 its join refused) is passed over: the sandbox starts that action the direct way.
 
 A spare touches no file of its action: it is started with three memory files (memfd) of its own,
-its stdout and stderr (the action's) and bwrap's options, and with no environment. The action's
+its stdout and stderr (the action's) and bwrap's options, a descriptor of the seccomp program
+(seccomp/, which bwrap reads and closes), and with no environment. The action's
 thread writes the options, then one newline and the launch script on the pipe, and closes it;
 the spare sources the script from the pipe and execs bwrap, which reads its options from their
 descriptor (and closes it): the action inherits no descriptor of the spare's but its stdout and
@@ -37,6 +38,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from build_graph import seccomp
 from build_graph.cgroups import Accounting
 from build_graph.sandbox_env import HOST_ENV, setenv_options
 
@@ -73,12 +75,14 @@ class Spare:
     groups: dict[str, Path]
     outputs: Outputs  # its stdout and stderr, which the action inherits
     options: int  # bwrap's options, read by bwrap on the descriptor of the same number
+    seccomp: int  # the spare's own descriptor (this number) of the seccomp program; bgraph's is closed
 
     def launch(self, bwrap: str, options: bytes, argv: list[str]) -> bool:
         """Hand the spare its action: bwrap's options (NUL-separated, as --args reads them) and
-        the argv after them; False if it is gone (then it is reaped)."""
+        the argv after them; False if it is gone (then it is reaped). The options start with the
+        seccomp program's, read from the spare's own descriptor of it."""
         try:
-            _fill(self.options, options)
+            _fill(self.options, b"".join(a.encode() + b"\0" for a in seccomp.options(self.seccomp)) + options)
             self.proc.stdin.write(b"\n" + launch_script(bwrap, self.options, argv).encode())
             self.proc.stdin.close()
             return True
@@ -228,21 +232,25 @@ class Spares:
             return None  # no group can be made now: actions start the direct way
         procs = sorted({str(g / "cgroup.procs") for g in groups.values()})
         fds = []
+        program = -1
         try:
             outputs = Outputs.new()
             fds += [outputs.stdout, outputs.stderr]
             options = memfd("options")
             fds.append(options)
+            program = seccomp.open_program()  # the spare's, passed as the memory files are
             # In "/": sh exports PWD (where bgraph runs), which bwrap would pass on to the sandbox.
             proc = subprocess.Popen(["/bin/sh", "-c", SPARE, "bgraph-spare", *procs], cwd="/",
                                     stdin=subprocess.PIPE, stdout=outputs.stdout, stderr=outputs.stderr,
-                                    pass_fds=(options,), env=dict(HOST_ENV), start_new_session=True)
+                                    pass_fds=(options, program), env=dict(HOST_ENV), start_new_session=True)
         except OSError:
             for fd in fds:
                 _close(fd)
             self.accounting.remove(groups)
             return None
-        return Spare(proc, groups, outputs, options)
+        finally:
+            _close(program)
+        return Spare(proc, groups, outputs, options, program)
 
 
 class _Starter:

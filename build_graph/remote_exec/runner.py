@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from build_graph import seccomp
 from build_graph.remote_exec.staging import BadInput
 from build_graph.sandbox import (
     NO_CAPABILITIES,
@@ -174,25 +175,27 @@ class Process:
         opts = memfd("options")
         status = memfd("status")
         self._status = status
-        stdin = None
+        stdin = program = None
         try:
-            os.write(opts, b"".join(a.encode() + b"\0" for a in [*options, *handed.options,
-                                                                 "--json-status-fd", str(status)]))
+            program = seccomp.open_program()  # the seccomp program every action's bwrap installs
+            os.write(opts, b"".join(a.encode() + b"\0" for a in [*seccomp.options(program), *options,
+                                                                 *handed.options, "--json-status-fd", str(status)]))
             os.lseek(opts, 0, os.SEEK_SET)
             stdin = stdin_fd(handed.script)
             command = self._accounting.wrap(self._groups, [*launcher, self.bwrap, "--args", str(opts), "--",
                                                            *handed.prefix, *argv])
             with open(stdout, "wb") as out, open(stderr, "wb") as err:
                 self.proc = subprocess.Popen(command, env=dict(HOST_ENV), stdout=out, stderr=err, stdin=stdin,
-                                             pass_fds=(opts, status), start_new_session=True)
+                                             pass_fds=(opts, status, program), start_new_session=True)
         except BaseException:
             os.close(status)
             self._accounting.remove(self._groups)
             raise
         finally:
             os.close(opts)
-            if stdin is not None:
-                os.close(stdin)
+            for fd in (stdin, program):
+                if fd is not None:
+                    os.close(fd)
         self.start = time.time()
 
     def kill(self, why: str) -> None:

@@ -558,9 +558,11 @@ def main(server: str, slots: int, work_dir: str | None, cache_dir: str | None,
          digest_function: str | None = None, heartbeat_s: float | None = None, name: str | None = None,
          max_cache: str | None = None, isa: str | None = None, qemu: str | None = None) -> int:
     """`bgraph worker`: serve until SIGTERM or Ctrl-C."""
+    from build_graph import seccomp
     from build_graph.sandbox import find_bwrap
 
     find_bwrap()
+    seccomp.memory_file()  # every lease's bwrap installs it: a machine bgraph has none for fails here
     isa, launcher = emulation(isa, qemu)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cache = Path(cache_dir) if cache_dir else Path(os.environ.get("BGRAPH_CACHE") or
