@@ -43,6 +43,7 @@ import errno
 import itertools
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -581,6 +582,9 @@ class Accounting:
         self.cpu, self.memory, self.pids, self.limits = cpu, memory, pids, limits
         self._live: list[dict[str, Path]] = []  # groups made and not yet removed, watched
         self._all: list[dict[str, Path]] = []  # every group made and not yet removed (kill_all)
+        # Groups (their id) kill_left left processes in, for wait_left (which may come after the
+        # groups' removal has begun: kept until then).
+        self._pending: set[int] = set()
         self._space: dict[str, SpaceWatch] = {}  # space_watch's, by path
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
@@ -740,20 +744,43 @@ class Accounting:
         for group in set(groups.values()):
             _remove(group)
 
-    def kill_left(self, groups: dict[str, Path]) -> int:
-        """Kill whatever is still in an action's groups once its bwrap has ended, and wait until
-        they are empty: nothing of the action runs while its outputs are read. Returns how many
-        of those were alive: a process that outlived the sandbox (bwrap's PID namespace kills
-        every other one; its init may still be listed, on its way out, and is not counted). An
-        ordinary action costs one read of each group's process list (and a kill and a short
-        wait where init is still listed). The pids group first: no fork succeeds there meanwhile."""
-        found, seen = 0, []
-        for name in ("pids", "memory", "cpu"):  # one group for all under v2
-            group = groups.get(name)
-            if group is not None and group not in seen:
-                seen.append(group)
-                found = max(found, _kill_until_empty(group))  # v1: the same processes in each
-        return found
+    def kill_left(self, groups: dict[str, Path], wait: bool = True) -> int:
+        """Kill whatever is still in an action's groups once its bwrap has ended, and (`wait`)
+        wait until each is out: nothing of the action runs while its outputs are read. Returns
+        how many of those were alive: a process that outlived the sandbox (bwrap's PID
+        namespace kills every other one; its init may still be listed, on its way out, and is
+        not counted). One group is enough: every process of the action is in each of its groups
+        and cannot leave them (no cgroup file is writable inside); the others' processes are
+        killed where they will not go (_remove). An ordinary action costs one read of that
+        group's process list, and where bwrap's init is still listed (about half of small
+        actions here, ~1 ms before the kernel schedules it into its exit on a busy host) a look
+        at each listed process: without `wait` nothing more where none is alive, the rest left
+        to wait_left, which the sandbox calls off the action's slot."""
+        group = next((groups[n] for n in ("pids", "memory", "cpu") if n in groups), None)
+        if group is None:
+            return 0
+        if wait:
+            with self._lock:
+                self._pending.discard(id(groups))
+            return _kill_until_empty(group)
+        listed = _left(group)
+        if not listed:
+            return 0
+        alive = len(_alive(listed))
+        if alive:
+            _kill_until_empty(group)  # a process that got out: killed, and waited for, at once
+        else:
+            with self._lock:
+                self._pending.add(id(groups))
+        return alive
+
+    def wait_left(self, groups: dict[str, Path]) -> None:
+        """Where kill_left without `wait` left processes on their way out: kill again and wait (at
+        most KILL_WAIT_S) until each is in its exit or gone; else nothing to do."""
+        with self._lock:
+            if id(groups) not in self._pending:
+                return
+        self.kill_left(groups, wait=True)
 
     def kill_all(self) -> None:
         """Kill every process in every group this object made and has not removed: bgraph stops
@@ -1001,9 +1028,9 @@ def _left(group: Path) -> list[int]:
 
 
 def _kill_until_empty(group: Path, wait_s: float = KILL_WAIT_S) -> int:
-    """Kill every process in `group` until none is left (at most `wait_s`): first no new process
-    (pids.max 0, where the group has a pids limit: a fork fails), then SIGKILL, again while any
-    is listed. Returns how many of those listed at first were alive (_alive: not one already
+    """Kill every process in `group` until none is left or each is in its exit (at most `wait_s`;
+    0: one round, no wait): first no new process (pids.max 0, where the group has a pids limit:
+    a fork fails), then SIGKILL, again while any is listed. Returns how many of those listed at first were alive (_alive: not one already
     on its way out, such as bwrap's init tearing its PID namespace down, which may still be
     listed when the outer bwrap has ended); 0 where none was listed, and nothing is written."""
     first = _left(group)
@@ -1021,10 +1048,49 @@ def _kill_until_empty(group: Path, wait_s: float = KILL_WAIT_S) -> int:
             _kill(group, rounds=1)
         except (OSError, ValueError):
             pass
-        if not _left(group) or time.monotonic() >= deadline:
+        left = _left(group)
+        # Done once each one listed is in its exit (PF_EXITING: it runs none of its own code
+        # again, nor is it inside a system call such as a write): bwrap's init tearing down its
+        # mount namespace takes ~1 ms more before it leaves the group, not waited for here.
+        if not left or time.monotonic() >= deadline or all(_exiting(pid) for pid in left):
             return alive
-        time.sleep(pause)  # SIGKILLed processes stay listed until they have exited
-        pause = min(pause * 2, 0.05)
+        # SIGKILLed processes: waited for on their pidfds (readable at the exit), at most 50 ms
+        # a round (one may have forked meanwhile); polled where there is no pidfd.
+        if not _exited(left, min(deadline, time.monotonic() + 0.05)):
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process `pid` is gone, a zombie, or in its exit (the kernel's PF_EXITING)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rfind(")") + 2:].split()
+        return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & _PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def _exited(pids: list[int], until: float) -> bool:
+    """Wait until each of `pids` has exited, or the clock reaches `until`; False where this
+    kernel has no pidfd (the caller polls)."""
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                pass
+        while fds and (wait := until - time.monotonic()) > 0:
+            for fd in select.select(fds, [], [], wait)[0]:
+                fds.remove(fd)
+                os.close(fd)
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 _PF_EXITING = 0x4  # /proc/<pid>/stat's flags: the process is in exit

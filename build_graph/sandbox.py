@@ -376,9 +376,10 @@ class BwrapRunner:
             hit = self.accounting.limit_hit(groups)  # a fork refused or a process killed for memory
             # bwrap has ended; its PID namespace's teardown kills every process in it (its init
             # may still be listed, dying). One still alive in the action's groups got out of that
-            # teardown (ptrace of bwrap's init): every process left is killed, and waited for,
-            # before anything of the action is read, and the action fails (one alive might write).
-            left = self.accounting.kill_left(groups)
+            # teardown (ptrace of bwrap's init): every process left is killed now, and waited for
+            # off the slot before anything of the action is read (store, or the output directory
+            # emptied), and the action fails (one alive might write).
+            left = self.accounting.kill_left(groups, wait=False)
             if left and not self.stopping:  # stop() kills by the groups too: "interrupted" below
                 raise ActionFailed(f"{left} process{'es' if left > 1 else ''} of the action outlived its sandbox "
                                    "(still running after bwrap ended); killed, its outputs not kept",
@@ -414,6 +415,7 @@ class BwrapRunner:
         except BaseException:
             if watched is not None:
                 space.end(watched)
+            self.accounting.wait_left(groups)
             self._end(outputs, groups)
             self._done_with(out_dir, reuse=not self.stopping, key=key, layout=layout)
             raise
@@ -423,6 +425,7 @@ class BwrapRunner:
             try:
                 if self.stopping:  # Ctrl-C: nothing of it reaches the store
                     raise ActionFailed("interrupted", where=action.name)
+                self.accounting.wait_left(groups)  # what kill_left killed is out before a file is read
                 tree = self.cas.ingest_dir(out_dir, None if whole else list(action.outputs), move=True)
                 result = ActionResult(
                     output_tree=self.cas.put_tree(tree), exit_code=0,
