@@ -5,7 +5,8 @@ Inside, an action sees only its declared input trees, read-only at their fixed m
 root), a writable /bgraph/out, a tmpfs /tmp, and the host directories its host_tools target
 declares (an opt-in), read-only. No network (own empty net
 namespace), its own PID namespace (nvcc names temp files after its PID), a clean environment.
-No capability, as root too (bwrap keeps root's unless told), and a read-only /proc.
+No capability, as root too (bwrap keeps root's unless told), and a read-only /proc. No keyring
+and no tracing: bwrap installs build_graph/seccomp/'s program on every path that starts a sandbox.
 """
 
 from __future__ import annotations

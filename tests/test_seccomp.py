@@ -176,7 +176,7 @@ def test_no_keyring_and_no_tracing_in_a_workers_lease(tmp_path, probe):
 
 
 @requires_bwrap
-def test_a_genrule_builds_with_gcc_and_gets_no_keyring_or_tracing(make_ws):
+def test_a_genrule_builds_with_gcc_and_gets_no_keyring_or_tracing_nor_does_bgraph_exec(make_ws):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
     toolchains = TOOLCHAINS_TOML.replace('"/usr/bin/patch"]', '"/usr/bin/patch", "/usr/bin/gcc"]')
@@ -186,3 +186,7 @@ def test_a_genrule_builds_with_gcc_and_gets_no_keyring_or_tracing(make_ws):
     run = ws.build("//p:probe")
     assert run.rc == 0, run.stderr
     assert ws.read_output("//p:probe", "result.txt").strip() == EXPECTED
+    # `bgraph exec` runs its command in a sandbox of its own: the same program there.
+    run = ws.cli("exec", "//p:probe", "--", "./probe")
+    assert run.rc == 0, run.stderr
+    assert run.stdout.strip() == EXPECTED
