@@ -84,36 +84,34 @@ def assemble(packages: dict[str, Tree], prefer: dict[str, str] | None = None,
     return Tree({p: e for p, e in entries.items() if not (isinstance(e, DirEntry) and p in parents)})
 
 
-def _parents(paths) -> set[str]:
-    """Every directory above some path of `paths` (a walk up stops at one already seen: a
-    system's ~20,000 paths share few directories, and this runs on every plan of one)."""
-    parents: set[str] = set()
+def _walk_up(paths):
+    """(path, directory) for each directory above a path of `paths`, each directory once: a walk
+    up stops at a directory already seen (a system's ~20,000 paths share few directories, and this
+    runs on every plan of one)."""
+    seen: set[str] = set()
     for path in paths:
         cut = path.rfind("/")
         while cut > 0:
             up = path[:cut]
-            if up in parents:
+            if up in seen:
                 break
-            parents.add(up)
+            seen.add(up)
+            yield path, up
             cut = up.rfind("/")
-    return parents
+
+
+def _parents(paths) -> set[str]:
+    """Every directory above some path of `paths`."""
+    return {up for _path, up in _walk_up(paths)}
 
 
 def _check_nesting(entries: dict[str, Entry], owner: dict[str, str]) -> None:
-    clear: set[str] = set()  # directories checked, with every directory above them
-    for path in entries:
-        cut = path.rfind("/")
-        while cut > 0:
-            up = path[:cut]
-            if up in clear:
-                break
-            above = entries.get(up)
-            if above is not None and not isinstance(above, DirEntry):
-                what = "symlink" if isinstance(above, SymlinkEntry) else "file"
-                raise RootfsError(f"{path} of package {owner[path]} lies below the {what} {up} of package "
-                                  f"{owner[up]}", key="packages")
-            clear.add(up)  # the ones above it are checked next (or already were)
-            cut = up.rfind("/")
+    for path, up in _walk_up(entries):
+        above = entries.get(up)
+        if above is not None and not isinstance(above, DirEntry):
+            what = "symlink" if isinstance(above, SymlinkEntry) else "file"
+            raise RootfsError(f"{path} of package {owner[path]} lies below the {what} {up} of package "
+                              f"{owner[up]}", key="packages")
 
 
 def _add_link(entries: dict[str, Entry], owner: dict[str, str], path: str, target: str) -> None:
