@@ -1,8 +1,10 @@
 """Depfiles: reading them, and deciding when one may narrow an action's inputs.
 
-Reading: Make-syntax dependency files (`gcc -MD -MF`, `nvcc -MD -MF`): the files a compile read.
-No maintained Python package reads this format, and it is small: rules `target: dep dep \\`
-with backslash-newline continuations, `\\ ` for a space in a name and `$$` for `$`.
+Reading: Make-syntax dependency files (`gcc -MD -MF`, `nvcc -MD -MF`, GNU `as --MD`): the files
+a compile read. No maintained Python package reads this format, and it is small: rules
+`target: dep dep \\` with backslash-newline continuations, `\\ ` for a space in a name (the
+backslashes right before it doubled), `\\#` for `#` (GCC only) and `$$` for `$`; every other
+backslash is part of the name, as GCC writes it (mkdeps.cc) and Ninja reads it.
 
 Deciding (input discovery for imported commands, ARCHITECTURE.md invariant 7). The rebuilder
 files an action whose strategy is `incremental/discovery.Depfile` under the files its depfile
@@ -23,24 +25,31 @@ never narrowed. Its soundness contract:
 
 1. The command is one simple shell command (no operator, redirection, expansion, glob, comment
    or assignment): what runs is exactly the words it names, and nothing else.
-2. Its first word is a GCC-compatible driver (gcc, g++, cc, c++, clang, clang++, with a target
-   prefix or version suffix) that lies outside every narrowed mount (found by PATH: every PATH
+2. Its first word is a GCC driver (gcc, g++, cc, c++, with a target prefix or version suffix;
+   not clang, whose integrated assembler writes no depfile; a `cc` that is clang fails on
+   `-Wa,--MD`, loudly) that lies outside every narrowed mount (found by PATH: every PATH
    entry outside them too), and no environment variable redirects the driver's programs or its
    dependency output (GCC_EXEC_PREFIX, COMPILER_PATH, DEPENDENCIES_OUTPUT, SUNPRO_DEPENDENCIES,
    CCC_OVERRIDE_OPTIONS, GCC_COMPARE_DEBUG).
 3. Every argument is one the allowlist below knows, and none of them makes the compiler read a
    file its depfile leaves out: no response file (`@file`), `-specs`, `-B`, `-wrapper`, plugin,
    profile, sanitizer list or module file, no `-Wp,`/`-Xpreprocessor` (they reach the
-   preprocessor's own -M options), no assembler source (an `.include` is not in the depfile).
-   Exactly one `-c`, one `-o`, one source, one `-MF`, and `-MD` or `-MMD`.
+   preprocessor's own -M options), no assembler source, no `-Wa,` of its own, no -D value that
+   could spell `__has_include` (`-DHI=__has_include`). Exactly one `-c`, one `-o`, one source,
+   one `-MF`, and `-MD` or `-MMD`.
 4. Every `-MMD` becomes `-MD` (with GCC 12, when both are given, -MMD wins, whatever the
    order). With -MD the depfile names every file the preprocessor opened: the source, every
    header (system ones too), `-include` and `-imacros` files. -MD and -MMD change only the
    depfile: the object is the same bytes (GCC 12's DWARF producer string leaves -M options out;
    `tests/test_depfile.py` compiles both ways and compares).
 5. The depfile is the `-MF` file, inside the build directory and not one of the edge's outputs.
-   After the run the rebuilder refuses to narrow by a depfile that is missing, not a regular
-   file, or names no file, and by a path that steps out (`..`) of a symbolic link.
+   The assembler's is `<-MF file>.as.d`: `-pipe -Wa,--MD,<it>` is added to the command, so GNU
+   as (the driver's assembler) names every file it read, `.include`s and `.incbin`s of inline asm
+   too, which GCC's depfile never names (a name it lists that no mount holds is a `.file`
+   directive's: not read; -pipe leaves out the temporary .s, whose random name would make the
+   output differ between runs). Neither changes the object's bytes (tests/test_depfile.py).
+   After the run the rebuilder refuses to narrow by a depfile (either) that is missing, not a
+   regular file, or names no file, and by a path that steps out (`..`) of a symbolic link.
 6. No narrowed input holds a precompiled header (`*.gch`, `*.pch`): GCC reads `x.h.gch` in
    place of `x.h` when it finds one, and its depfile then names neither (`precompiled`,
    checked by the importer, which knows the trees).
@@ -49,8 +58,8 @@ What a depfile cannot name is looked after by the rebuilder (incremental/discove
 bgraph's own `-MD` steps: every name on a path read, and every name `__has_include` asks for
 (directly or through a wrapper macro), is recorded for each narrowed mount, present or not, so a
 file, directory or link of that name appearing anywhere there makes the entry stale; a file read
-that holds an assembler `.incbin` (whose file no depfile names) or a `__has_include` of a computed
-name keeps the mount whole.
+with a `__has_include` of a computed name, or one that is no plain probe (an alias
+`#define HI __has_include`, a paste), keeps the mount whole.
 
 nvcc compiles are not run as written: `compile_tu` decomposes them into nvcc's own steps and
 appends its own `-MD` to each preprocessing step. `nvcc_dependency_free(args)` removes nvcc's
@@ -67,12 +76,62 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-_TOKEN = re.compile(r"(?:\\.|[^\s\\])+")
-_UNESCAPE = re.compile(r"\\(.)")
+def _names(rest: str, hash_escaped: bool) -> list[str]:
+    """The file names of one rule's prerequisite list (continuations already joined), unescaped
+    as GCC's mkdeps.cc escapes them (`munge`): a space or tab is preceded by a backslash, and
+    every backslash right before it is doubled; `#` is written `\\#` (only where `hash_escaped`:
+    GNU as's `--MD` writes `#` as it is); `$` is written `$$`. Every other backslash is literal
+    (`a\\b.h` names a\\b.h). Ninja's depfile parser reads them the same way."""
+    if "\\" not in rest:
+        return [w.replace("$$", "$") if "$$" in w else w for w in rest.split()]  # most lines
+    names: list[str] = []
+    cur: list[str] = []
+    started = False
+    i, n = 0, len(rest)
+    while i < n:
+        c = rest[i]
+        if c == "\\":
+            j = i
+            while j < n and rest[j] == "\\":
+                j += 1
+            run, after = j - i, rest[j] if j < n else ""
+            if after in (" ", "\t"):
+                cur.append("\\" * (run // 2))
+                if run % 2:  # 2N+1 backslashes and a blank: N backslashes and the blank, in the name
+                    cur.append(after)
+                else:  # 2N backslashes and a blank: N backslashes ending the name
+                    names.append("".join(cur))
+                    cur, started = [], False
+                    i = j + 1
+                    continue
+                started, i = True, j + 1
+                continue
+            if after == "#" and hash_escaped:
+                cur.append("\\" * (run - 1) + "#")
+                started, i = True, j + 1
+                continue
+            cur.append("\\" * run)  # literal backslashes
+            started, i = True, j
+            continue
+        if c in " \t":
+            if started:
+                names.append("".join(cur))
+                cur, started = [], False
+        elif c == "$" and rest.startswith("$$", i):
+            cur.append("$")
+            started, i = True, i + 1
+        else:
+            cur.append(c)
+            started = True
+        i += 1
+    if started:
+        names.append("".join(cur))
+    return names
 
 
-def parse_depfile(text: str) -> list[str]:
-    """The prerequisites of every rule in `text`, in order, without duplicates."""
+def parse_depfile(text: str, hash_escaped: bool = True) -> list[str]:
+    """The prerequisites of every rule in `text`, in order, without duplicates. `hash_escaped`:
+    GCC's depfiles (`#` written `\\#`); False for GNU as's `--MD` ones (`#` written as it is)."""
     joined = re.sub(r"\\\r?\n", " ", text)
     deps: list[str] = []
     seen: set[str] = set()
@@ -81,10 +140,7 @@ def parse_depfile(text: str) -> list[str]:
         m = re.search(r"(?<!\\):(?:\s|$)", line)
         if not m:
             continue
-        for raw in _TOKEN.findall(line[m.end():]):
-            name = _UNESCAPE.sub(r"\1", raw) if "\\" in raw else raw  # most names have no escape
-            if "$$" in name:
-                name = name.replace("$$", "$")
+        for name in _names(line[m.end():], hash_escaped):
             if name not in seen:
                 seen.add(name)
                 deps.append(name)
@@ -121,7 +177,8 @@ class CompleteDepfile:
 
     command: str  # the shell command to run (the edge's own, or rewritten)
     depfile: str  # the -MF path as the command gives it (absolute, or relative to the cwd)
-    rewritten: bool  # whether `command` differs from the edge's (-MMD made -MD)
+    rewritten: bool  # whether the edge's own words changed (-MMD made -MD); `-Wa,--MD,...` is always added
+    assembler: str = ""  # the depfile GNU as writes (`-Wa,--MD,<depfile>.as.d`), as `depfile` is given
 
 
 @dataclass(frozen=True)
@@ -133,6 +190,12 @@ class Whole:
 
 
 _DRIVER = re.compile(r"(?:[A-Za-z0-9_.]+-)*(?:gcc|g\+\+|cc|c\+\+|clang|clang\+\+)(?:-[0-9]+(?:\.[0-9]+)*)?")
+_CLANG = re.compile(r"(?:[A-Za-z0-9_.]+-)*clang(?:\+\+)?(?:-[0-9]+(?:\.[0-9]+)*)?")
+# What GNU as writes its own depfile to: the -MF file's name with this added.
+ASSEMBLER_SUFFIX = ".as.d"
+# A -D value that could spell __has_include (or a piece of it to be pasted): the probe it makes is
+# in no file that discovery reads.
+_HAS_INCLUDE_PIECE = re.compile(r"has_include|__h")
 _BAD_ENV = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES",
             "CCC_OVERRIDE_OPTIONS", "GCC_COMPARE_DEBUG")
 # Options whose value is the next word, and those that may also be written joined (-Ifoo, -MFfoo).
@@ -143,8 +206,16 @@ _JOINED = ("-o", "-MF", "-MT", "-MQ", "-D", "-U", "-I", "-isystem", "-iquote", "
            "--sysroot=")
 _PLAIN = frozenset(("-c", "-MD", "-MMD", "-MP", "-w", "-pipe", "-pthread", "-pedantic", "-pedantic-errors",
                     "-ansi", "-nostdinc", "-nostdinc++", "-undef", "-H", "-v"))
-# -f options that read a file the depfile does not name (GCC 12's and Clang's documentation).
+# -f options that read a file the depfile does not name. Made from GCC 12.2's own list of its
+# options (`gcc -Q --help=common`, `--help=optimizers`, `--help=c`, `--help=c++`,
+# `--help=undocumented`: every -f option that names a file, a directory, a profile or a module,
+# kept where GCC reads what it names: profile feedback (-fprofile-use, -fbranch-probabilities,
+# -fprofile-values, -fvpt, -fauto-profile, and -fprofile-dir/-fprofile-partial-training, which
+# say where and how the .gcda is read), plugins, modules, precompiled headers, -fcompare-debug,
+# -fself-test), and from Clang's documentation for the Clang spellings.
 _READING_F = ("-fplugin", "-fpass-plugin", "-fprofile-use", "-fprofile-sample", "-fprofile-instr-use",
+              "-fbranch-probabilities", "-fprofile-dir", "-fprofile-partial-training", "-fprofile-values",
+              "-fvpt", "-fself-test",
               "-fprofile-remapping", "-fprofile-list", "-fauto-profile", "-fsanitize-blacklist",
               "-fsanitize-ignorelist", "-fsanitize-system", "-fsanitize-coverage-allow",
               "-fsanitize-coverage-block", "-fsanitize-coverage-white", "-fsanitize-coverage-black",
@@ -261,6 +332,10 @@ def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[st
     problem = _driver_problem(words[0], env, roots)
     if problem:
         return Whole(problem, False)
+    if _CLANG.fullmatch(words[0].rpartition("/")[2]):
+        # Its integrated assembler writes no depfile: what inline asm `.include`s or `.incbin`s
+        # would be named nowhere.
+        return Whole("clang's integrated assembler names no file that inline asm reads", True)
     bad_env = [k for k in _BAD_ENV if k in env]
     if bad_env:
         return Whole(f"environment variable {bad_env[0]} redirects the compiler", True)
@@ -297,6 +372,8 @@ def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[st
                 if value not in _LANGS:
                     return Whole(f"-x {value}: not a C or C++ compile", True)
                 lang = value
+            elif option == "-D" and _HAS_INCLUDE_PIECE.search(value):
+                return Whole(f"-D{value} may spell a __has_include probe", True)
             continue
         problem = _host_flag_problem(arg)
         if problem:
@@ -318,9 +395,16 @@ def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[st
     dep_path = absolute(depfile, cwd)
     if not dep_path.startswith(cwd.rstrip("/") + "/"):
         return Whole(f"its depfile {depfile} lies outside the build directory", True)
-    if dep_path in {absolute(o, cwd) for o in outputs}:
-        return Whole(f"its depfile {depfile} is one of its outputs", True)
-    return CompleteDepfile(shlex.join(out) if rewritten else command, depfile, rewritten)
+    assembler = depfile + ASSEMBLER_SUFFIX
+    if {dep_path, dep_path + ASSEMBLER_SUFFIX} & {absolute(o, cwd) for o in outputs}:
+        return Whole(f"its depfile {depfile} (or {assembler}) is one of its outputs", True)
+    if "," in depfile:
+        return Whole(f"its depfile {depfile} holds a comma, which -Wa, would split", True)
+    # GNU as writes the files it read (every .include and .incbin, inline asm's too) to its own
+    # depfile. -pipe: it reads the compiler's output from a pipe, so the depfile names no
+    # temporary .s (a random name: the output would differ from run to run).
+    flags = "-pipe " + shlex.quote(f"-Wa,--MD,{assembler}")
+    return CompleteDepfile(f"{shlex.join(out) if rewritten else command} {flags}", depfile, rewritten, assembler)
 
 
 def precompiled(paths: Iterable[str]) -> str | None:

@@ -15,6 +15,16 @@ def test_dollar_and_empty():
     assert parse_depfile("") == []
 
 
+def test_only_a_blank_a_hash_and_a_dollar_are_escaped():
+    """GCC (mkdeps.cc) escapes a blank (doubling the backslashes right before it), `#` and `$`:
+    any other backslash is the name's (red team R3: `a\\b.h` was read as ab.h). GNU as leaves `#`."""
+    assert parse_depfile("x.o: a\\b.h ab.h\n") == ["a\\b.h", "ab.h"]
+    assert parse_depfile("x.o: bs\\\\\\ sp.h two\\\\\\\\\\ sp.h\n") == ["bs\\ sp.h", "two\\\\ sp.h"]
+    assert parse_depfile("x.o: ha\\#sh.h bs\\\\#h.h\n") == ["ha#sh.h", "bs\\#h.h"]
+    assert parse_depfile("x.o: ha#sh.h bs\\#h.h\n", hash_escaped=False) == ["ha#sh.h", "bs\\#h.h"]
+    assert parse_depfile("x.o: tab\\\tname.h end\\\\ next.h\n") == ["tab\tname.h", "end\\", "next.h"]
+
+
 def test_relative_paths_resolve_against_cwd():
     assert absolute("rel/../d.h", "/bgraph/out") == "/bgraph/out/d.h"
     assert absolute("/bgraph/src/./a.h", "/bgraph/out") == "/bgraph/src/a.h"
@@ -50,7 +60,9 @@ def decide(command: str, env=ENV, outputs=("ops/m/host.o",)):
 def test_mmd_is_run_as_md_and_nothing_else_changes():
     found = decide(TORCH)
     assert isinstance(found, CompleteDepfile) and found.rewritten and found.depfile == "ops/m/host.o.d"
-    assert shlex.split(found.command) == [("-MD" if w == "-MMD" else w) for w in shlex.split(TORCH)]
+    assert shlex.split(found.command) == [("-MD" if w == "-MMD" else w) for w in shlex.split(TORCH)] + [
+        "-pipe", "-Wa,--MD,ops/m/host.o.d.as.d"]
+    assert found.assembler == "ops/m/host.o.d.as.d"
     # Both given: GCC lets -MMD win, whatever the order, so every -MMD goes.
     both = decide(TORCH.replace("-MMD", "-MD -MMD"))
     assert isinstance(both, CompleteDepfile) and "-MMD" not in shlex.split(both.command)
@@ -58,7 +70,10 @@ def test_mmd_is_run_as_md_and_nothing_else_changes():
 
 def test_a_complete_command_runs_as_written():
     found = decide(CMAKE, outputs=("CMakeFiles/d.dir/a.cpp.o",))
-    assert found == CompleteDepfile(CMAKE, "CMakeFiles/d.dir/a.cpp.o.d", False)
+    # As written, with GNU as asked for its own depfile.
+    assembler = "CMakeFiles/d.dir/a.cpp.o.d.as.d"
+    assert found == CompleteDepfile(f"{CMAKE} -pipe -Wa,--MD,{assembler}", "CMakeFiles/d.dir/a.cpp.o.d", False,
+                                    assembler)
     for extra in ("-include /bgraph/src/pre.h", "-imacros /bgraph/src/m.h", "-idirafter /bgraph/ext/torch/x",
                   "--sysroot=/bgraph/ext/torch", "-iprefix /bgraph/src/ -iwithprefix inc", "-MP", "-Wall -Werror",
                   "-x c++", "-g -gsplit-dwarf", "-march=native"):
@@ -80,6 +95,19 @@ def test_a_complete_command_runs_as_written():
     (TORCH.replace("-fPIC", "-B/bgraph/src/bin"), "may read"),
     (TORCH.replace("-fPIC", "-fplugin=/bgraph/src/p.so"), "may read"),
     (TORCH.replace("-fPIC", "-fprofile-use=/bgraph/src/prof"), "may read"),
+    # Profile feedback read from elsewhere than the depfile says (red team R3: a .gcda under -fprofile-dir).
+    (TORCH.replace("-fPIC", "-fbranch-probabilities -fprofile-dir=/bgraph/src/prof"), "may read"),
+    (TORCH.replace("-fPIC", "-fprofile-dir=/bgraph/src/prof"), "may read"),
+    (TORCH.replace("-fPIC", "-fprofile-partial-training"), "may read"),
+    (TORCH.replace("-fPIC", "-fauto-profile=/bgraph/src/p.afdo"), "may read"),
+    (TORCH.replace("-fPIC", "-fprofile-values"), "may read"),
+    # __has_include spelled on the command line: no file read shows the probe.
+    (TORCH.replace("-fPIC", "-DHI=__has_include"), "__has_include"),
+    (TORCH.replace("-fPIC", "-D P=__has_"), "__has_include"),
+    # Clang's integrated assembler names no file inline asm reads.
+    (TORCH.replace("c++", "clang++", 1), "integrated assembler"),
+    (TORCH.replace("c++", "/usr/bin/clang-17", 1), "integrated assembler"),
+    (TORCH.replace("ops/m/host.o.d", "ops/m,x.d"), "comma"),
     (TORCH.replace("-fPIC", "-Wa,-I/bgraph/src"), "may read"),
     (TORCH.replace("-fPIC", "-wrapper /bgraph/src/w"), "may read"),
     (TORCH.replace("-fPIC", "-Q"), "unknown option"),
@@ -107,6 +135,7 @@ def test_shell_commands_and_environments_that_change_what_runs():
     assert decide(TORCH, env={"PATH": "/bgraph/ext/torch/bin:/usr/bin"}).reason.startswith("PATH entry")
     assert "GCC_EXEC_PREFIX" in decide(TORCH, env={**ENV, "GCC_EXEC_PREFIX": "/bgraph/src/"}).reason
     assert isinstance(decide(TORCH.replace("c++", "x86_64-linux-gnu-g++-12", 1)), CompleteDepfile)
+    assert "one of its outputs" in decide(TORCH, outputs=("ops/m/host.o", "ops/m/host.o.d.as.d")).reason
     assert decide("python3 gen.py -c cfg -o out").compiler is False
 
 
@@ -254,3 +283,95 @@ def test_has_include_of_an_absent_file_and_incbin_are_looked_after(tmp_path):
     _r, _f, incbin, _a = _discovery_case(tmp_path / "b", {"a.cpp": 'asm(".incbin \\"blob.bin\\"");', "blob.bin": "x"},
                                          {}, "a.o: /bgraph/src/a.cpp\n")
     assert list(incbin["reads"]["/bgraph/src"]) == ["*"]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("as") is None, reason="no gcc or GNU as")
+def test_gcc_and_gnu_as_depfiles_name_every_file_read_as_it_is_named(tmp_path):
+    """With the machine's gcc and GNU as, the command complete_compile returns: GCC's depfile
+    names the headers, as's (`-Wa,--MD`) the files inline asm `.include`s and `.incbin`s (in any
+    case, split over strings), and both parse to the names on disk, whatever the name holds (a
+    blank, `#`, `$`, a backslash, one before a blank). The object is the bytes a run without
+    `-pipe -Wa,--MD` writes (with debug info)."""
+    odd = ["sp ace.h", "ha#sh.h", "dol$ar.h", "a\\b.h", "ab.h", "bs\\ sp.h", "bs\\\\ sp2.h", "co:lon.h", "bs\\#h.h"]
+    for name in odd:
+        (tmp_path / name).write_text("")
+    (tmp_path / "data.s").write_text(".byte 1\n")
+    (tmp_path / "blob.bin").write_text("AAAA")
+    (tmp_path / "blob 2.bin").write_text("BBBB")
+    c_string = lambda name: name.replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+    source = "".join(f'#include "{n}"\n' for n in odd) + (  # an #include's name has no escapes
+        '__asm__(".section .rodata\\n.include \\"data.s\\"\\n.INCBIN \\"blob.bin\\"\\n'
+        '.inc" "bin \\"blob 2.bin\\"\\n' + "".join(f'.incbin \\"{c_string(c_string(n))}\\"\\n' for n in odd) +
+        '.text");\nint x;\n')
+    (tmp_path / "t.c").write_text(source)
+    found = complete_compile("gcc -MMD -MF t.o.d -g -O1 -c t.c -o t.o", {"PATH": "/usr/bin:/bin"}, (), str(tmp_path))
+    assert isinstance(found, CompleteDepfile) and found.assembler == "t.o.d.as.d"
+    subprocess.run(found.command, shell=True, cwd=tmp_path, check=True)
+    on_disk = set(odd)
+    assert on_disk <= set(parse_depfile((tmp_path / "t.o.d").read_text()))
+    by_as = set(parse_depfile((tmp_path / found.assembler).read_text(), hash_escaped=False))
+    assert on_disk | {"data.s", "blob.bin", "blob 2.bin"} <= by_as, by_as
+    assert not any(name.startswith("/tmp/") for name in by_as)  # no temporary .s: the same bytes each run
+    plain = (tmp_path / "t.o").read_bytes()
+    subprocess.run(["gcc", "-MD", "-MF", "u.d", "-g", "-O1", "-c", "t.c", "-o", "t.o"], cwd=tmp_path, check=True)
+    assert (tmp_path / "t.o").read_bytes() == plain
+
+
+def test_has_include_probes_split_by_comments_or_splices_are_read_and_other_uses_are_opaque():
+    """Red team R3: a comment before `(`, a backslash-newline inside the word, an alias
+    (`#define HI __has_include`), a paste. Testing for the operator itself is no probe."""
+    from build_graph.incremental.discovery import _lookups
+
+    def probe(text: str):
+        found = _lookups(text.encode(), frozenset())
+        return "opaque" if found.opaque else sorted(found.names)
+
+    assert probe('#if __has_include /* c */ ("new.h")\n#endif\n') == ["new.h"]
+    assert probe('#if __has_include // c\n#endif\n') == "opaque"
+    assert probe('#if __has_inc\\\nlude("new.h")\n#endif\n') == ["new.h"]
+    assert probe('#if __has_include(\\\n"sub/new.h")\n#endif\n') == ["new.h", "sub"]
+    assert probe('#define HI __has_include\n#if HI("new.h")\n#endif\n') == "opaque"
+    assert probe('#define HI __has_include_next\n') == "opaque"
+    assert probe('#if __has_include(H)\n#endif\n') == "opaque"  # a computed operand
+    assert probe('#define C(a, b) a##b\n#if C(__has_, include)("new.h")\n#endif\n') == "opaque"
+    assert probe('#define C(a, b) a##b\n#if C(_, _has_include)("new.h")\n#endif\n') == "opaque"
+    assert probe('#define C(a, b) a##b\nint C(x, y);\n') == []
+    assert probe('// __has_include(x) in a comment\n"/* in a string */"; __has_include("q.h")\n') == ["q.h"]
+    assert probe('#ifdef __has_include\n#if defined(__has_include) && __has_include(<a.h>)\n#endif\n'
+                 '#endif // __has_include\n') == ["a.h"]
+    assert probe('const char* s = R"(/*)"; __has_include("q.h") /**/\n') == ["q.h"]  # a raw string: not lexed
+
+
+def test_an_assembler_depfile_names_what_inline_asm_reads(tmp_path):
+    """With GNU as's depfile (`assembler`), a file read holding `.incbin` no longer takes the mount
+    whole: the blob it names is a read (an edit to it is a change); a name no mount holds (a
+    `.file` directive's) or its temporary .s is no read; a missing as depfile takes the mount whole."""
+    from build_graph.incremental.discovery import Depfile
+    from build_graph.model import Action, Digester, Tree
+    from build_graph.rebuilder import Rebuilder
+    from build_graph.store.action_cache import LocalActionCache
+    from build_graph.store.cas import LocalCas
+
+    digester = Digester()
+    cas = LocalCas(tmp_path / "cache", digester)
+    rebuilder = Rebuilder(cas, LocalActionCache(cas.base, cas.tmp), digester)
+    src = Tree({"a.c": cas.put_bytes(b'asm(".incbin \\"/bgraph/src/blob.bin\\"");'), "blob.bin": cas.put_bytes(b"x"),
+                "other.h": cas.put_bytes(b"o")})
+    action = Action("compile a.o", "CmakeCompile", argv=("/bin/true",), inputs=(("/bgraph/src", src),),
+                    outputs=("a.o", "a.o.d", "a.o.d.as.d"),
+                    discovery=Depfile(("/bgraph/src",), ("a.o.d",), assembler=("a.o.d.as.d",)))
+    assert action.discovery.described()["assembler_depfiles"] == ["a.o.d.as.d"]
+
+    def reads(by_as: str | None):
+        out = {"a.o": cas.put_bytes(b"obj"), "a.o.d": cas.put_bytes(b"a.o: /bgraph/src/a.c\n")}
+        if by_as is not None:
+            out["a.o.d.as.d"] = cas.put_bytes(by_as.encode())
+        return action.discovery.reads(rebuilder.files, action, Tree(out))["reads"]["/bgraph/src"]
+
+    assert reads("a.o: /bgraph/src/blob.bin a.c /bgraph/src/gen.y /tmp/ccX1.s\n") == {
+        "a.c": src.entries["a.c"].digest, "blob.bin": src.entries["blob.bin"].digest}
+    assert reads(None) == reads("") == {"*": src.digest(digester)}
+    # Without an assembler depfile, the .incbin keeps the mount whole, as before.
+    plain = Depfile(("/bgraph/src",), ("a.o.d",))
+    out = Tree({"a.o": cas.put_bytes(b"obj"), "a.o.d": cas.put_bytes(b"a.o: /bgraph/src/a.c\n")})
+    assert plain.reads(rebuilder.files, action, out)["reads"]["/bgraph/src"] == {"*": src.digest(digester)}

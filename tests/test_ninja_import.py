@@ -204,3 +204,69 @@ def test_a_cross_build_runs_the_generator_with_exec_trees_and_links_for_the_targ
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
     names = {a["name"] for a in run.json["actions"]}
     assert {"cicc ops/mod/kernel.cuda.o 120a", "ptxas ops/mod/kernel.cuda.o 121a"} <= names, names
+
+
+# -- what GCC's depfile leaves out, with the host's gcc and GNU as (red team R3, class 1) --------
+
+HOST_NINJA = """ninja_required_version = 1.3
+rule cc
+  command = /usr/bin/gcc -MMD -MF $out.d -O1 -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+build /bgraph/out/lib/main.o: cc /bgraph/src/tree/main.c
+default /bgraph/out/lib/main.o
+"""
+_PROBE = '#if {}("new.h")\n#include "new.h"\n#else\n#define NEWV 0\n#endif\nint f(void){{return NEWV;}}\n'
+_ASM = '__asm__(".section .rodata\\n{}\\n.text\\n");\nint f(void){{return 1;}}\n'
+# (files of proj/, then the edit): each read is one GCC's -MD depfile does not name, or names in a
+# form the parser must read right.
+READS_OUTSIDE_GCC_DEPFILE = {
+    "asm .include": ({"main.c": _ASM.format('.include \\"/bgraph/src/tree/data.s\\"'), "data.s": ".byte 42\n"},
+                     {"data.s": ".byte 43\n"}),
+    ".INCBIN": ({"main.c": _ASM.format('.INCBIN \\"/bgraph/src/tree/blob.bin\\"'), "blob.bin": "AAAA"},
+                {"blob.bin": "BBBB"}),
+    ".incbin split in two strings": ({"main.c": _ASM.format('.inc" "bin \\"/bgraph/src/tree/blob.bin\\"'),
+                                      "blob.bin": "AAAA"}, {"blob.bin": "BBBB"}),
+    "__has_include with a comment": ({"main.c": _PROBE.format("__has_include /* c */ ")},
+                                     {"new.h": "#define NEWV 7\n"}),
+    "__has_include with a splice": ({"main.c": _PROBE.format("__has_inc\\\nlude")}, {"new.h": "#define NEWV 7\n"}),
+    "__has_include through an alias": ({"main.c": "#define HI __has_include\n" + _PROBE.format("HI")},
+                                       {"new.h": "#define NEWV 7\n"}),
+    "a backslash in a header's name": ({"main.c": '#include "a\\b.h"\n#include "ab.h"\nint f(void){return V + W;}\n',
+                                        "a\\b.h": "#define V 1\n", "ab.h": "#define W 1\n"},
+                                       {"a\\b.h": "#define V 2\n"}),
+}
+
+
+def host_c_ws(root: Path, cache: Path, files: dict[str, str]) -> WS:
+    import oracle_lib as ol
+    ws = WS(root, cache)
+    ws.write({"WORKSPACE.toml": '[workspace]\nname = "depfiles"\n', "targets/toolchains.toml": ol.TOOLCHAINS,
+              "targets/c.toml": ol.C_TARGETS, "gen/build.ninja": HOST_NINJA,
+              **{f"proj/{name}": text for name, text in files.items()}})
+    return ws
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("as") is None, reason="no gcc or GNU as")
+@pytest.mark.parametrize("case", sorted(READS_OUTSIDE_GCC_DEPFILE))
+def test_an_edit_to_what_gccs_depfile_leaves_out_recompiles(case, tmp_path, cache):
+    """The edit is seen (the compile runs again) and the object equals a clean build's: GNU as
+    names what inline asm reads in its own depfile (`-Wa,--MD`), a `__has_include` split by a
+    comment or a splice is read, an alias of it keeps the tree whole, and a backslash in a
+    depfile name is the name's own."""
+    files, edit = READS_OUTSIDE_GCC_DEPFILE[case]
+    ws = host_c_ws(tmp_path / "ws", cache / "host-c", files)
+    assert ws.build("//c:obj").rc == 0
+    # Still narrowed (but where an alias of __has_include keeps the tree whole): a file it does
+    # not read is no reason to compile again.
+    ws.write({"proj/notes.txt": "read by no compile\n"})
+    run = ws.build("//c:obj")
+    assert run.rc == 0 and ran(run.json, ("NinjaCompile",)) == ([] if "alias" not in case else ["compile lib/main.o"])
+    ws.write({f"proj/{name}": text for name, text in edit.items()})
+    run = ws.build("//c:obj")
+    assert run.rc == 0, run.output[-3000:]
+    assert ran(run.json, ("NinjaCompile",)) == ["compile lib/main.o"], ran(run.json, ("NinjaCompile",))
+    clean = host_c_ws(tmp_path / "clean", tmp_path / "clean-cache", {**files, **edit})
+    assert clean.build("//c:obj").rc == 0
+    obj, clean_obj = (w.root / "bgraph-out" / "c" / "obj" / "lib" / "main.o" for w in (ws, clean))
+    assert obj.read_bytes() == clean_obj.read_bytes(), case

@@ -65,12 +65,72 @@ def _through_link(dep: str, cwd: str, root: str, tree: Tree) -> bool:
 
 # What a file read can make the preprocessor or the assembler look for beyond its depfile:
 # `__has_include("x.h")` of a file that is absent names nothing in the depfile, and an assembler
-# `.incbin` reads a file no depfile names at all. Headers wrap __has_include in a macro of their
-# own (CCCL: `#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)`): such a definition names the
-# wrapper, whose uses (in any file the step read) are then looked up as __has_include's are.
+# `.incbin` (or `.include`) reads a file GCC's depfile never names (only GNU as's own, `--MD`,
+# does: depfile.py). Headers wrap __has_include in a macro of their own (CCCL:
+# `#define _CCCL_HAS_INCLUDE(_X) __has_include(_X)`): such a definition names the wrapper, whose
+# uses (in any file the step read) are then looked up as __has_include's are. The patterns are
+# matched after line splices are removed and comments made blanks (`_code`); any other
+# occurrence of the operator (an alias `#define HI __has_include`, a use the patterns do not
+# parse) or pieces of its name a paste could join (`_pasted`) makes the file opaque.
 _HAS_INCLUDE = re.compile(rb"__has_include(?:_next)?\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
 _WRAPPER = re.compile(rb"#[ \t]*define[ \t]+(\w+)[ \t]*\(([^)\n]*)\)[^\n]*?__has_include(?:_next)?\s*\(\s*(\w+)\s*\)")
-_INCBIN = re.compile(rb"\.incbin\b")
+_OPERATOR = re.compile(rb"(?<![A-Za-z0-9_$])__has_include(?:_next)?(?![A-Za-z0-9_$])")
+# Where the operator is only tested for (`#ifdef __has_include`, `defined(__has_include)`).
+_TESTED = re.compile(rb"(?:(?<![A-Za-z0-9_$])defined[ \t]*\(?|#[ \t]*(?:ifn?def|elifn?def)[ \t]+)[ \t]*\Z")
+# Pieces that a paste (`##`, `%:%:`; in this file or in a macro another file defines) could join
+# into __has_include(_next), two at a time: a piece that is no common identifier is enough
+# (`_has_include`, `__has_inc`); a short prefix (`__h`, `__has_`: libstdc++'s type_traits pastes
+# `__has_##_NTYPE`) only with its own tail outside #include lines. (Three pieces or more, or
+# pieces from the command line's -D, are not looked for: depfile.py refuses -D values that name
+# `has_include` or `__h`.)
+_IDENT = rb"(?<![A-Za-z0-9_$])(?:{})(?![A-Za-z0-9_$])"
+_RARE_PIECE = re.compile(_IDENT.replace(b"{}", b"|".join(
+    sorted({p.encode() for p in ["__has_include_next"[:k] for k in range(7, 18)]} - {b"__has_include"}
+           | {b"has_include", b"_has_include", b"has_include_next", b"_has_include_next", b"as_include",
+              b"s_include", b"as_include_next", b"s_include_next"}, key=len, reverse=True))))
+_HEADS = re.compile(rb"(?<![A-Za-z0-9_$])__h(?:a(?:s_?)?)?(?![A-Za-z0-9_$])")
+_TAIL = re.compile(rb"(?<![A-Za-z0-9_$])(?:(?:a?s)?_)?include(?:_next)?(?![A-Za-z0-9_$])")
+_DIRECTIVE_START = re.compile(rb"[ \t]*(?:#|%:)[ \t]*\Z")
+
+
+def _pasted(data: bytes, commented: bool = False) -> bool:
+    """Whether `data` holds pieces a paste could join into __has_include (see _RARE_PIECE)."""
+    if (b"has_i" in data or b"s_include" in data) and _RARE_PIECE.search(data):
+        return True
+    if b"__h" not in data:
+        return False
+    heads = {m.group(0) for m in _HEADS.finditer(data)}
+    if not heads:
+        return False
+    for m in _TAIL.finditer(data):  # a few: most are #include directives
+        line = data.rfind(b"\n", 0, m.start()) + 1
+        if m.group(0) == b"include" and _DIRECTIVE_START.match(data, line, m.start()):
+            continue
+        head = b"__has_include"[:len(b"__has_include") - len(m.group(0).removesuffix(b"_next"))]
+        if head in heads:
+            return commented or _pasted(_code(data), True)  # not in a comment either
+    return False
+
+
+_SPLICES = re.compile(rb"(?:\\|\?\?/)[ \t\f\v]*\r?\n")  # a trigraph `??/` is a backslash where trigraphs are on
+_COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*|(\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'\\\n])*'?)", re.S)
+# Where the comment pattern could take a literal for a comment's start: a raw string, a quote in
+# a header name (`<a".h>`). Such a file is matched with its comments in it.
+_UNLEXED = re.compile(rb"(?:^|[^A-Za-z0-9_$])(?:u8|[uUL])?R\"|(?:include|include_next|import|__has_include(?:_next)?"
+                      rb"[ \t]*\()[ \t]*<[^>\n]*[\"']")
+_INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
+
+
+def _spliced(data: bytes) -> bytes:
+    return _SPLICES.sub(b"", data) if b"\\" in data or b"??/" in data else data
+
+
+def _code(data: bytes) -> bytes:
+    """`data` (its line splices removed) as the preprocessor sees its tokens: each comment one
+    blank (string and character literals kept whole)."""
+    if b"/" not in data or _UNLEXED.search(data):
+        return data
+    return _COMMENT.sub(lambda m: m.group(0) if m.group(1) else b" ", data)
 
 
 @dataclass(frozen=True)
@@ -79,7 +139,8 @@ class Lookups:
 
     names: frozenset[str]  # components of the literal operands of __has_include (and of wrappers' uses)
     wrappers: frozenset[str]  # macros this file defines as __has_include of a parameter
-    opaque: bool  # an operand that is no literal (a macro), or an .incbin: nothing can be told
+    opaque: bool  # an operand that is no literal (a macro), or a use not parsed: nothing can be told
+    assembles: bool = False  # an `.incbin`: a file only the assembler's own depfile names
 
 
 NOTHING = Lookups(frozenset(), frozenset(), False)
@@ -123,6 +184,29 @@ def _uses(macro: str) -> re.Pattern:
     return re.compile(rb"\b" + re.escape(macro.encode()) + rb"\s*\(\s*(?:[\"<]([^\">\n]+)[\">]|([^)\s]*))")
 
 
+def _visible(action: Action, path: str) -> bool:
+    """Whether the sandbox shows `path` from a mount or a host path."""
+    return any(path.startswith(r + "/") for mount, _t in action.inputs for r in _roots(action, mount)) or any(
+        path.startswith(h.rstrip("/") + "/") for h in action.host_paths)
+
+
+def _absent(action: Action, path: str) -> bool:
+    """Whether `path` lies in a mount that holds nothing there, nor a link on the way."""
+    for mount, tree in action.inputs:
+        for root in _roots(action, mount):
+            if path.startswith(root + "/"):
+                rel = path[len(root) + 1:]
+                return tree.entries.get(rel) is None and not _linked(tree, rel)
+    return False
+
+
+def _linked(tree: Tree, rel: str) -> bool:
+    """Whether a directory on `rel` is something other than a directory of `tree` (a link)."""
+    parts = rel.split("/")
+    return any(not isinstance(tree.entries.get("/".join(parts[:i])), (type(None), DirEntry))
+               for i in range(1, len(parts)))
+
+
 def _components(path: str) -> list[str]:
     """Every name on a path: a file, directory or link of one of these names appearing elsewhere
     in a narrowed mount could redirect the lookup that found it (-I order, a directory link)."""
@@ -132,22 +216,43 @@ def _components(path: str) -> list[str]:
 def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     """Lookups of one file's bytes. An operand that names no file is opaque, unless it is the
     parameter of a wrapper this file defines (`#define W(_X) __has_include(_X)`, and W's own uses
-    of another wrapper's parameter)."""
+    of another wrapper's parameter); so is any other use of the operator, or pieces of its name
+    a paste could join (`_pasted`)."""
     names: set[str] = set()
-    opaque = bool(_INCBIN.search(data))
-    definitions = list(_WRAPPER.finditer(data)) if b"__has_include" in data else []
+    # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
+    # (A wrapper's name split by one is not looked for.)
+    if b"__h" not in data and b"has_" not in data and b"s_include" not in data and not any(
+            macro.encode() in data for macro in wrappers):
+        return Lookups(frozenset(), frozenset(), False, bool(_INCBIN.search(data)))
+    data = _spliced(data)
+    assembles = bool(_INCBIN.search(data))
+    used = [macro for macro in wrappers if macro.encode() in data]
+    opaque = _pasted(data)  # comments kept: only more pieces
+    if b"__has_include" not in data and not used:
+        return Lookups(frozenset(), frozenset(), opaque, assembles)  # most files: nothing to look for
+    code = _code(data)
+    has = b"__has_include" in code
+    definitions = list(_WRAPPER.finditer(code)) if has else []
     own = [(d, {p.strip() for p in d.group(2).split(b",")}) for d in definitions]
     params = set().union(*(ps for _d, ps in own))
     wrapped = {d.start(3): d.group(1).decode() for d, ps in own if d.group(3) in ps}  # of its own parameter
-    uses = [_HAS_INCLUDE] if definitions or b"__has_include" in data else []
-    uses += [_uses(macro) for macro in wrappers if macro.encode() in data]
+    uses = [_HAS_INCLUDE] if has else []
+    uses += [_uses(macro) for macro in used]
+    parsed: set[int] = set()
     for pattern in uses:
-        for m in pattern.finditer(data):
+        for m in pattern.finditer(code):
+            if pattern is _HAS_INCLUDE:
+                parsed.add(m.start())
             if m.group(1):
                 names.update(_components(m.group(1).decode(errors="replace")))
             elif m.start(2) not in wrapped and (pattern is _HAS_INCLUDE or m.group(2) not in params):
                 opaque = True  # a computed operand: nothing can be told of what it looks for
-    return Lookups(frozenset(names), frozenset(wrapped.values()), opaque)
+    if has and not opaque:
+        for m in _OPERATOR.finditer(code):
+            if m.start() not in parsed and not _TESTED.search(code, max(0, m.start() - 40), m.start()):
+                opaque = True  # an alias, or a use the pattern does not parse
+                break
+    return Lookups(frozenset(names), frozenset(wrapped.values()), opaque, assembles)
 
 
 class Contents:
@@ -162,12 +267,13 @@ class Contents:
         self._probes: dict[tuple, Lookups | None] = {}  # (digest or host path, wrappers) -> lookups
         self.wrappers: frozenset[str] = frozenset()  # __has_include wrapper macros met so far (reads)
 
-    def depfile(self, tree: Tree, path: str) -> list[str] | None:
-        """What the depfile at `path` of an output tree names (None: not a file there)."""
+    def depfile(self, tree: Tree, path: str, hash_escaped: bool = True) -> list[str] | None:
+        """What the depfile at `path` of an output tree names (None: not a file there);
+        `hash_escaped`: False for GNU as's (depfile.parse_depfile)."""
         entry = tree.entries.get(path)
         if not isinstance(entry, FileEntry):
             return None
-        return parse_depfile(self.cas.read_bytes(entry).decode(errors="replace"))
+        return parse_depfile(self.cas.read_bytes(entry).decode(errors="replace"), hash_escaped)
 
     def macro_record(self, tree: Tree, path: str) -> macro_use.Record | None:
         """What the gcc-macro-use plugin wrote at `path` (None: missing or incomplete)."""
@@ -285,8 +391,10 @@ class Contents:
 # Since 2, every name on a path read (directories included) and every name __has_include asks
 # for is recorded for each narrowed mount, present or not ("names" with their paths, "absent"); an
 # .incbin or a computed __has_include takes the mount whole. Entries of 1 recorded only the file
-# names a mount held: never trusted now.
-ENTRY_VERSION = 3
+# names a mount held: never trusted now. Since 4, probes split by comments or line splices are
+# read, and any other use of __has_include (an alias, a paste) takes the mount whole: entries
+# of 3 may lack such a name.
+ENTRY_VERSION = 4
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -301,6 +409,7 @@ class Discovery:
     mounts: tuple[str, ...] = ()
     depfiles: tuple[str, ...] = ()
     record: str = ""
+    assembler: tuple[str, ...] = ()  # depfiles GNU as wrote (`--MD`): every .include and .incbin it read
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mounts", tuple(sorted(self.mounts)))  # as the key spells them
@@ -312,7 +421,8 @@ class Discovery:
 
     def described(self) -> dict[str, Any]:
         """What joins the key: each field that is set."""
-        fields = {"narrow": list(self.mounts), "depfiles": list(self.depfiles), "macro_record": self.record}
+        fields = {"narrow": list(self.mounts), "depfiles": list(self.depfiles), "macro_record": self.record,
+                  "assembler_depfiles": list(self.assembler)}
         return {k: v for k, v in fields.items() if v}
 
     def prekey_argv(self, argv: tuple[str, ...]) -> list[str]:
@@ -334,12 +444,17 @@ class Discovery:
         reads: dict[str, dict[str, str]] = {m: {} for m in mounts}
         names: set[str] = set()
         whole: set[str] = set()
-        for depfile in self.depfiles:
-            deps = files.depfile(tree, depfile)
+        for depfile, by_as in [*((d, False) for d in self.depfiles), *((d, True) for d in self.assembler)]:
+            deps = files.depfile(tree, depfile, hash_escaped=not by_as)
             if not deps:  # missing, not a file, or naming no file: it proves nothing (depfile.py, point 5)
                 whole.update(mounts)
                 continue
             paths = [absolute(dep, action.cwd) for dep in deps]
+            if by_as:
+                # Its temporary .s lies in no mount, and a name no mount holds is a `.file`
+                # directive's (GCC writes the source's base name): read by nobody.
+                kept = [(d, p) for d, p in zip(deps, paths) if _visible(action, p) and not _absent(action, p)]
+                deps, paths = [d for d, _p in kept], [p for _d, p in kept]
             # With every __has_include wrapper seen so far in this build (one more pass where these
             # files define a new one): extra wrappers only add names, never take one away.
             looked = [files.lookups(action, path, files.wrappers) for path in paths]
@@ -348,7 +463,7 @@ class Discovery:
                 files.wrappers |= new
                 looked = [files.lookups(action, path, files.wrappers) for path in paths]
             for found in looked:  # what no depfile names: __has_include's names; else the mounts whole
-                if found is None or found.opaque:
+                if found is None or found.opaque or (found.assembles and not self.assembler):
                     whole.update(mounts)
                 else:
                     names.update(found.names)
@@ -358,9 +473,10 @@ class Discovery:
                     for root in _roots(action, mount):
                         if not path.startswith(root + "/"):
                             continue
-                        found = mtree.entries.get(path[len(root) + 1:])
+                        rel = path[len(root) + 1:]
+                        found = mtree.entries.get(rel)
                         if isinstance(found, FileEntry) and not _through_link(dep, action.cwd, root, mtree):
-                            reads[mount][path[len(root) + 1:]] = found.digest
+                            reads[mount][rel] = found.digest
                         elif root == mount or isinstance(found, FileEntry):
                             whole.add(mount)
         for mount in whole:
@@ -442,9 +558,9 @@ class Discovery:
 @dataclass(frozen=True)
 class Depfile(Discovery):
     """An imported compile narrowed by its depfile. Sound where the depfile names every file of the
-    narrowed mounts the run could read: the contract of depfile.py (one simple command, a known
-    driver outside the narrowed mounts, allowlisted flags, -MD, one -MF in the build directory, no
-    precompiled header). Allowed only for a command `depfile.complete_compile` accepted, with no
+    narrowed mounts the run could read: the contract of depfile.py (one simple command, a GCC
+    driver outside the narrowed mounts, allowlisted flags, -MD, one -MF in the build directory, GNU
+    as's own depfile in `assembler` for what inline asm reads, no precompiled header). Allowed only for a command `depfile.complete_compile` accepted, with no
     precompiled header in its inputs (rules/ninja_import.py); never with a macro record."""
 
 

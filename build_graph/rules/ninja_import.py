@@ -7,7 +7,8 @@ share. Pure planning; the graph itself comes from Ninja's own tools (ninja_graph
   `-MD` per step (narrowed unless `depfile.nvcc_dependency_free` names a reason not to);
 - other compiles run as one action, narrowed by their depfile only where
   `depfile.complete_compile` proves it complete (its soundness contract is in depfile.py; a
-  project's `-MMD` is run as `-MD`, which writes the same object); any other compile is keyed
+  project's `-MMD` is run as `-MD`, and GNU as is asked for its own depfile, `-Wa,--MD`: the
+  same object); any other compile is keyed
   on everything it can read, like a custom command;
 - link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
   build directory and source tree.
@@ -102,11 +103,12 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
         if isinstance(found, CompleteDepfile) and stand_in:
             found = Whole(f"precompiled header {stand_in} in its inputs", True)
         if isinstance(found, CompleteDepfile):
-            depfile = relative(found.depfile, OUT)
+            depfile, assembler = relative(found.depfile, OUT), relative(found.assembler, OUT)
             [done] = yield [ctx.exec_action(
                 f"compile {name}", f"{s.mnemonic}Compile", ["/bin/sh", "-c", found.command],
-                inputs=everything, outputs=[*edge.outputs, depfile], env=s.env, toolchain=s.toolchain, host=s.host,
-                memory_mb=s.memory_mb, staged=STAGE, discovery=Depfile(narrow, (depfile,)))]
+                inputs=everything, outputs=[*edge.outputs, depfile, assembler], env=s.env, toolchain=s.toolchain,
+                host=s.host, memory_mb=s.memory_mb, staged=STAGE,
+                discovery=Depfile(narrow, (depfile,), assembler=(assembler,)))]
             return done.tree.select(edge.outputs)
         if found.compiler:
             # Not proven complete (found.reason): keyed on every file it can read.
