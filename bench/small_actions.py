@@ -77,8 +77,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from arch_cache import (Meter, SccacheBuilder, age, clean_env, compare, cubins, free_port, gencode,  # noqa: E402
-                        real_tool, rmtree, tool_version)
+from arch_cache import (Meter, SccacheBuilder, age, clean_env, compare, cubins, defer_deletions,  # noqa: E402
+                        empty_trash, free_port, gencode, real_tool, rmtree, tool_version)
 from cpu_group import CpuGroup  # noqa: E402
 
 PARTS = ["genrule", "floor", "cprofile", "pyspy", "gil", "strace", "cuda"]
@@ -128,6 +128,7 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str], out: Path | None = No
     runs in, possibly holding a server started earlier), `group_cpu` is everything charged to the
     group: exact, sandboxes included, and blind to the other sessions' load."""
     import resource
+    os.sync()  # the setup's dirty pages written back now, not during the timed build
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start_cpu = group.cpu_s() if group is not None else 0.0
     with open(out or os.devnull, "wb") as sink, Meter() as m:
@@ -1127,6 +1128,7 @@ def main() -> int:
         Path(args.keep_traces).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="small-actions-", dir=args.workdir))
     print(f"work dir: {root}", flush=True)
+    defer_deletions(root / "trash")
     results: dict = {"args": vars(args)}
     try:
         bg = Bgraph(args.bgraph_rev, root)
@@ -1162,6 +1164,7 @@ def main() -> int:
             Path(args.json_out).write_text(json.dumps(results, indent=1))
             print(f"raw results: {args.json_out}")
     finally:
+        empty_trash()
         if args.keep:
             print(f"kept {root}")
         else:
