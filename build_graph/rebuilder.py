@@ -96,7 +96,7 @@ class Rebuilder:
     def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester, state: BuildState | None = None):
         self.cas, self.ac, self.digester = cas, ac, digester
         self.state = state  # the build state's memo of results (state.py): one file, not two per hit
-        self.files = Contents(cas, digester)  # what input discovery reads of stored files
+        self.files = Contents(cas, digester, state)  # what input discovery reads of stored files
 
     def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
         """(result, its tree if the memo holds it, whether it came from the memo) under `key`."""

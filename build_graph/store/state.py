@@ -7,6 +7,9 @@
                                                tree inline (small trees), as last filed or used
       traces(label, digest, trace)             per target: what `trace/<label>.json` held, and
                                                the digest of that JSON (a no-op compares digests)
+      probes(key, lookups)                     what input discovery found in a stored file (the
+                                               __has_include names it probes), by content digest
+                                               and the digest of the code that found it
 
 Rows are a memo, never the only copy of what they say: `ac/` stays the action cache that `cache
 gc`, `cache verify` and remotes read, and a result row is used only like an `ac/` entry is,
@@ -67,10 +70,12 @@ class BuildState(StateFile):
         super().__init__(path, create)
         self._results: dict[str, tuple[str, bytes | None]] = {}
         self._traces: dict[str, tuple[str, bytes]] = {}
+        self._probes: dict[str, bytes] = {}
         self._first_pending: float | None = None
         # After many misses, each table's keys are read once (store/listing.py).
         self._listed_results = MissListing(lambda: self._column("SELECT key FROM results"))
         self._listed_traces = MissListing(lambda: self._column("SELECT label FROM traces"))
+        self._listed_probes = MissListing(lambda: self._column("SELECT key FROM probes"))
 
     def _column(self, sql: str) -> list[str]:
         db = self._conn()
@@ -154,6 +159,21 @@ class BuildState(StateFile):
             self._pending()
         self._listed_traces.added(label)
 
+    # -- discovery's probes of stored files -----------------------------------------------------
+    def probe(self, key: str) -> bytes | None:
+        """The lookups filed under `key` as written (the reader validates them), or None."""
+        pending = self._probes.get(key)
+        if pending is not None:
+            return pending
+        row = self._row(self._listed_probes, key, "SELECT lookups FROM probes WHERE key = ?")
+        return row[0] if row else None
+
+    def put_probe(self, key: str, encoded: bytes) -> None:
+        with self._lock:
+            self._probes[key] = encoded
+            self._pending()
+        self._listed_probes.added(key)
+
     # -- writing -----------------------------------------------------------------------------
     def _pending(self) -> None:
         if self._first_pending is None:
@@ -167,14 +187,15 @@ class BuildState(StateFile):
     def flush(self) -> None:
         """Write the buffered rows in one transaction."""
         with self._lock:
-            results, traces = self._results, self._traces
-            if not results and not traces:
+            results, traces, probes = self._results, self._traces, self._probes
+            if not results and not traces and not probes:
                 return
-            self._results, self._traces, self._first_pending = {}, {}, None
+            self._results, self._traces, self._probes, self._first_pending = {}, {}, {}, None
             self._write([("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
                           ((k, r, t) for k, (r, t) in results.items())),
                          ("INSERT OR REPLACE INTO traces VALUES (?, ?, ?)",
-                          ((label, d, t) for label, (d, t) in traces.items()))])
+                          ((label, d, t) for label, (d, t) in traces.items())),
+                         ("INSERT OR REPLACE INTO probes VALUES (?, ?)", probes.items())])
 
     def close(self) -> None:
         self.flush()

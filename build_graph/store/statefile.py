@@ -10,6 +10,9 @@ is loaded. state.BuildState adds the action results and traces of a build.
                                        written in one transaction, so a memo is always its record's
     families(family, request)          the last recorded request of a family (noop.Request.family)
     parses(root, parse)                the kept parse of a workspace (store/parsed.py)
+    probes(key, lookups)               a stored file's lookups as input discovery reads them
+                                       (incremental/discovery.py), keyed by the file's content
+                                       digest and the digest of the code that reads it (state.py)
 
 A row is validated by its reader (a damaged one is a miss, never trusted). Writes are SQLite
 transactions: a killed build leaves the old rows or the new, and concurrent builds are serialised
@@ -34,6 +37,8 @@ TABLES = (
     "records(request TEXT PRIMARY KEY, record BLOB, memo BLOB)",
     "families(family TEXT PRIMARY KEY, request TEXT)",
     "parses(root TEXT PRIMARY KEY, parse BLOB)",
+    # Added without a schema bump: a table is created where missing, and older bgraph never reads it.
+    "probes(key TEXT PRIMARY KEY, lookups BLOB)",
 )
 
 

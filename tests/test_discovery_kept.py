@@ -1,0 +1,89 @@
+"""Input discovery's lookups kept between builds (incremental/discovery.py, Contents with a state
+file): by a stored file's content digest and the digest of the code that scans it, never by a host
+path, and a damaged row is scanned again."""
+
+import os
+
+import pytest
+
+from build_graph.incremental import discovery
+from build_graph.incremental.discovery import Contents
+from build_graph.model import Action, Digester, Tree
+from build_graph.store.cas import LocalCas
+from build_graph.store.state import STATE_FILE, BuildState
+
+HEADER = b'#pragma once\n#if __has_include(<cuda/probe.h>)\n#include <cuda/probe.h>\n#endif\n'
+
+
+@pytest.fixture
+def store(tmp_path):
+    digester = Digester("blake3")
+    cas = LocalCas(tmp_path / "cache", digester)
+    yield digester, cas, tmp_path / "cache" / STATE_FILE
+    cas.close()
+
+
+def action_reading(tree: Tree, host: str = "") -> Action:
+    return Action(name="pp", mnemonic="CudaHostPreprocess", argv=("/usr/bin/true",), env=(),
+                  inputs=(("/bgraph/toolchain", tree),), outputs=("o",), platform="x86_64",
+                  host_paths=(host,) if host else (), rule_version="t/1")
+
+
+def lookups_in_a_new_build(digester, cas, state_path, action, path):
+    state = BuildState(state_path)
+    try:
+        return Contents(cas, digester, state).lookups(action, path)
+    finally:
+        state.close()
+
+
+def test_a_later_build_takes_the_kept_lookups_without_reading_the_file(store):
+    digester, cas, state_path = store
+    entry = cas.put_bytes(HEADER)
+    action = action_reading(Tree({"include/h.h": entry}))
+    first = lookups_in_a_new_build(digester, cas, state_path, action, "/bgraph/toolchain/include/h.h")
+    assert first is not None and "probe.h" in first.names and not first.opaque
+    blob = cas.blob_path(entry.digest)
+    os.chmod(blob.parent, 0o755)
+    blob.unlink()  # the bytes are gone: only the kept row can answer now
+    again = lookups_in_a_new_build(digester, cas, state_path, action, "/bgraph/toolchain/include/h.h")
+    assert again == first
+    # without the state file the blob is needed: gone, the caller takes the worst (None)
+    assert Contents(cas, digester).lookups(action, "/bgraph/toolchain/include/h.h") is None
+
+
+def test_other_code_never_reads_a_kept_row(store, monkeypatch):
+    digester, cas, state_path = store
+    entry = cas.put_bytes(HEADER)
+    action = action_reading(Tree({"include/h.h": entry}))
+    assert lookups_in_a_new_build(digester, cas, state_path, action, "/bgraph/toolchain/include/h.h")
+    monkeypatch.setattr(discovery, "_lookups", lambda data, wrappers: discovery.NOTHING)
+    monkeypatch.setattr(discovery, "_probe_code", lambda digester: "edited-scanner")
+    assert lookups_in_a_new_build(digester, cas, state_path, action,
+                                  "/bgraph/toolchain/include/h.h") == discovery.NOTHING
+
+
+def test_a_damaged_row_is_scanned_again(store):
+    digester, cas, state_path = store
+    entry = cas.put_bytes(HEADER)
+    action = action_reading(Tree({"include/h.h": entry}))
+    first = lookups_in_a_new_build(digester, cas, state_path, action, "/bgraph/toolchain/include/h.h")
+    state = BuildState(state_path)
+    state._write([("UPDATE probes SET lookups = ?", [(b'["probe.h"], "not a list", 1]',)])])
+    state.close()
+    assert lookups_in_a_new_build(digester, cas, state_path, action, "/bgraph/toolchain/include/h.h") == first
+
+
+def test_a_host_file_is_never_kept(store, tmp_path):
+    digester, cas, state_path = store
+    usr = tmp_path / "usr"
+    (usr / "include").mkdir(parents=True)
+    header = usr / "include" / "h.h"
+    header.write_bytes(HEADER)
+    action = action_reading(Tree({}), host=str(usr))
+    assert "probe.h" in lookups_in_a_new_build(digester, cas, state_path, action, str(header)).names
+    header.write_bytes(b"#pragma once\n")  # the same path, other bytes: a host path is no content key
+    assert lookups_in_a_new_build(digester, cas, state_path, action, str(header)).names == frozenset()
+    state = BuildState(state_path)
+    assert state._query("SELECT count(*) FROM probes", ())[0] == 0
+    state.close()
