@@ -24,6 +24,7 @@ from build_graph.scheduler import Later
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import LocalCas
 from build_graph.store.json_table import JsonTable
+from build_graph.store.origins import BuildTrust, Origins
 from build_graph.store.peaks import Peaks
 from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.trace import Trace
@@ -140,11 +141,15 @@ class Engine:
         self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
+        # Which results made elsewhere (a remote cache's, an executor's) this build takes: those
+        # its own [remote] settings trust, whichever workspace filed them (store/origins.py).
+        self.origins = Origins(self.cas.base, self.cas.tmp, self.digester, BuildTrust.of(
+            self.options.remote if self.options.remote is not None else self.options.remote_executor), self.warn)
         self.remote = None
         if self.options.remote is not None and self.options.remote.url:
             from build_graph.store.layered import configured
             self.ac = self.remote = configured(self.ac, self.cas, self.digester, self.options.remote,
-                                               warn or (lambda message: None))
+                                               warn or (lambda message: None), self.origins)
         # One state file holds the traces and a memo of results (store/state.py); a remote
         # cache that backfills sees every local hit, so with one the memo is not consulted.
         self.state = BuildState(self.cas.base / STATE_FILE)
@@ -152,7 +157,7 @@ class Engine:
                       else Trace(self.cas.base, self.cas.tmp, self.state))
         self.peaks = Peaks(self.cas.base, self.cas.tmp)
         self.host_probes = JsonTable(self.cas.base / "host-tools.json", self.cas.tmp)
-        self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state)
+        self.rebuilder = Rebuilder(self.cas, self.ac, self.digester, None if self.remote else self.state, self.origins)
         # A cycle is an error before anything runs. A kept parse says whether it was checked, and
         # so does a memo whose graph is this build's (Reuse.graph_current).
         reuse = self.options.reuse
@@ -241,10 +246,11 @@ class Engine:
             tree, result = self.execute(action, stamps)
             return self._file(action, tree, result, stamps)
         store = self.sandbox.run_process(action, stamps)
-        return Later(lambda: self._file(action, *store(), stamps))
+        # a remote executor's store says so (remote_exec/client.py); a local run's does not
+        return Later(lambda: self._file(action, *store(), stamps, getattr(store, "executed_by", None)))
 
-    def _file(self, action: Action, tree: Tree, result: ActionResult, stamps: dict[str, float] | None
-              ) -> tuple[Tree, ActionResult, str]:
+    def _file(self, action: Action, tree: Tree, result: ActionResult, stamps: dict[str, float] | None,
+              executed_by: str | None = None) -> tuple[Tree, ActionResult, str]:
         if stamps is not None:
             stamps["executed"] = time.monotonic()
         # The key names the host tools as probed: one replaced while the action ran made the
@@ -253,7 +259,7 @@ class Engine:
         if moved is not None:
             raise ActionFailed(f"host tool {moved} changed while the action ran: its result is not kept",
                                where=action.name, hint="build again: the tool is probed anew")
-        return tree, result, self.rebuilder.record(action, tree, result)
+        return tree, result, self.rebuilder.record(action, tree, result, executed_by)
 
     # -- the loop ------------------------------------------------------------------------
     def build(self, labels: list[Label]) -> BuildResult:

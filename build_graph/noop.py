@@ -74,8 +74,11 @@ def _request(args) -> Request | None:
     parts = {
         "root": str(root), "cwd": os.getcwd(), "targets": args.targets, "platform": args.platform,
         "host_platform": args.host_platform, "machine": platform.machine(), "cache_dir": args.cache_dir,
+        # every flag that changes which origins a build trusts (store/origins.py): a build with
+        # other ones is never answered from the record of one that took results they do not
         "remote": [args.remote_cache, args.remote_signing_key, args.remote_trusted_key,
-                   getattr(args, "remote_allow_unsigned", False)],
+                   getattr(args, "remote_allow_unsigned", False), getattr(args, "remote_executor", None),
+                   getattr(args, "remote_accept_cached", False)],
         "env": {k: os.environ.get(k) for k in _ENV},
     }
     family = uptodate.request_digest({k: v for k, v in parts.items() if k != "targets"})

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from build_graph.incremental.discovery import Contents, short as _short
 from build_graph.model import Action, ActionCache, ActionResult, Digester, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+from build_graph.store.origins import EXECUTED, BuildTrust, Origins
 from build_graph.store.state import BuildState
 
 
@@ -93,18 +94,29 @@ def undeclared(tree: Tree, outputs: tuple[str, ...]) -> str | None:
 class Rebuilder:
     """Decides Hit / Miss(reason). Knows nothing of scheduling."""
 
-    def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester, state: BuildState | None = None):
+    def __init__(self, cas: LocalCas, ac: ActionCache, digester: Digester, state: BuildState | None = None,
+                 origins: Origins | None = None):
         self.cas, self.ac, self.digester = cas, ac, digester
         self.state = state  # the build state's memo of results (state.py): one file, not two per hit
         self.files = Contents(cas, digester, state)  # what input discovery reads of stored files
+        # where results made elsewhere came from, and whether this build takes them (store/origins.py)
+        self.origins = origins or Origins(cas.base, cas.tmp, digester, BuildTrust())
 
     def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
-        """(result, its tree if the memo holds it, whether it came from the memo) under `key`."""
+        """(result, its tree if the memo holds it, whether it came from the memo) under `key`; a
+        result from elsewhere that this build does not trust is dropped (memo, entry and origin)."""
         memo = self.state.result(key, self.digester) if self.state is not None else None
-        if memo is not None:
-            return memo[0], memo[1], True
-        result = self.ac.get(key)
-        return (result, None, False) if result is not None else None
+        found = (memo[0], memo[1], True) if memo is not None else None
+        if found is None:
+            result = self.ac.get(key)
+            found = (result, None, False) if result is not None else None
+        if found is not None and not self.origins.accepts(key, found[0]):
+            if self.state is not None:
+                self.state.drop_results([key])
+            self.ac.remove(key)
+            self.origins.clear(key)
+            return None
+        return found
 
     def _verified(self, key: str, result: ActionResult, tree: Tree | None = None, memo: bool = False,
                   outputs: tuple[str, ...] | None = None) -> Hit | Miss:
@@ -160,25 +172,33 @@ class Rebuilder:
             if mount in before and before[mount] != now[mount]:
                 self.cas.put_tree(t)
 
-    def record(self, action: Action, tree: Tree, result: ActionResult) -> str:
+    def record(self, action: Action, tree: Tree, result: ActionResult, executed_by: str | None = None) -> str:
         """Remember the inputs (for later reasons) and the result (for later hits); returns
-        the key the result is filed under."""
+        the key the result is filed under. `executed_by`: the remote executor that ran it (its
+        origin is filed first); else it was built here (an earlier origin is forgotten after)."""
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
         if action.manifested:
             prekey = action.prekey(self.digester)
             entry = action.discovery.reads(self.files, action, tree)
             key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
-            self.ac.put(key, result)
+            self._file(key, result, executed_by)
             self.ac.add_manifest(prekey, entry)
         else:
             key = action.key(self.digester)
             if not action.cacheable:
                 return key
-            self.ac.put(key, result)
+            self._file(key, result, executed_by)
         if self.state is not None:
             self.state.put_result(key, result, tree)
         return key
+
+    def _file(self, key: str, result: ActionResult, executed_by: str | None) -> None:
+        if executed_by:
+            self.origins.record(key, result, EXECUTED, executed_by)
+        self.ac.put(key, result)
+        if not executed_by:
+            self.origins.clear(key)
 
     # -- input discovery (incremental/discovery.py) --------------------------------------
     # An action whose strategy narrows something is filed under a narrowed key: its prekey plus
@@ -191,6 +211,18 @@ class Rebuilder:
         why = [f"input {mount}/{path} {_short(digest)} -> {_short(now.digest if now else 'absent')}"
                for mount, path, digest, now in changed]
         return (why + other)[:limit]
+
+    def _entry_key_holds(self, prekey: str, entry: Any) -> bool:
+        """Whether a manifest entry's key is the digest of what it records (as record() files it):
+        an entry a remote sent is another machine's word, and a key that is not its own would pass
+        off another result as what these reads make."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+            return False
+        try:
+            return entry["key"] == self.digester.of_json({"prekey": prekey, **{k: v for k, v in entry.items()
+                                                                               if k != "key"}})
+        except (TypeError, ValueError):
+            return False
 
     def _unseen_edit(self, action: Action, entry: dict[str, Any]) -> Hit | None:
         """The entry's result, if its strategy says every file that changed since changed only
@@ -222,13 +254,15 @@ class Rebuilder:
                    why=f"-D/-U of {names} changed; the recorded run never used {'it' if len(unused) == 1 else 'them'}")
 
     def _check_narrowed(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
-        entries = self.ac.get_manifest(action.prekey(self.digester))
+        prekey = action.prekey(self.digester)
+        entries = [e for e in self.ac.get_manifest(prekey) if self._entry_key_holds(prekey, e)]
+        declared = action.outputs if action.kind == "exec" and action.outputs != (".",) else None
         for entry in entries:
             if self._stale(action, entry):
                 continue
             found = self._lookup(entry["key"])
             if found is not None:
-                return self._unused_macros(action, entry, self._verified(entry["key"], *found))
+                return self._unused_macros(action, entry, self._verified(entry["key"], *found, outputs=declared))
         for entry in entries:
             unseen = self._unseen_edit(action, entry)
             if unseen is not None:

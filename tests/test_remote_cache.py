@@ -85,8 +85,14 @@ def test_a_fresh_cache_in_another_directory_runs_nothing(make_ws, nginx):
     for path in ("b.txt", "sub/c.txt"):
         assert second.read_output("//p:b", path) == first.read_output("//p:b", path)
     assert second.cli("cache", "verify").rc == 0
-    # The hits were filed locally: the remote is not needed any more.
-    assert build(second, "--remote-cache", "http://127.0.0.1:9/none", *OPEN).json["executed"] == 0
+    # The hits were filed locally: the remote is not needed any more (the server gone)...
+    nginx.stop()
+    assert build(second, "--remote-cache", nginx.url, *OPEN).json["executed"] == 0
+    # ...but unsigned results vouch only for the remote this build allows unsigned: another one's
+    # allow_unsigned (or none at all) does not take them (store/origins.py; red team R4).
+    other = build(second, "--remote-cache", "http://127.0.0.1:9/none", *OPEN)
+    assert other.json["executed"] == 2 and "building them here" not in other.stderr, other.stderr
+    assert build(second).json["executed"] == 0  # built here now: this machine's own
 
 
 def test_builds_only_read_unless_told_to_upload(make_ws, nginx):
@@ -547,3 +553,77 @@ def test_uploading_without_a_signing_key_where_keys_are_trusted_is_refused(make_
     run = ws.build("//p:b", args=("--remote-cache", nginx.url, *KEYED, "--remote-upload"))
     assert run.rc == 2 and "no signing_key" in run.stderr and "hint:" in run.stderr
     assert "Traceback" not in run.stderr and not list(nginx.files("ac"))
+
+
+def test_a_narrowed_remote_result_with_an_undeclared_output_is_refused(make_ws, nginx, tmp_path):
+    """A depfile-narrowed compile (a ninja edge, gcc -MMD) found through its manifest is held to
+    its declared outputs as every other action is: a signed entry whose tree has one more file
+    (a CI that misfiled, a stale writer) is refused and the compile runs here."""
+    import oracle_lib
+    from build_graph.model import Digester, Tree
+    from build_graph.store.cas import LocalCas
+    from build_graph.store.signing import Signer, generate_key, signed_message
+
+    ninja = ("ninja_required_version = 1.3\nrule cc\n  command = /usr/bin/gcc -MMD -MF $out.d -O1 -c $in -o $out\n"
+             "  depfile = $out.d\n  deps = gcc\nrule cp\n  command = /usr/bin/cp $in $out\n"
+             "build /bgraph/out/obj/main.o: cc /bgraph/src/tree/main.c\n"
+             "build /bgraph/out/lib/main.o: cp /bgraph/out/obj/main.o\ndefault /bgraph/out/lib/main.o\n")
+    files = {"targets/toolchains.toml": oracle_lib.TOOLCHAINS, "targets/c.toml": oracle_lib.C_TARGETS,
+             "gen/build.ninja": ninja, "proj/main.c": '#include "h.h"\nint f(void){return H;}\n',
+             "proj/h.h": "#define H 1\n"}
+    public = generate_key(tmp_path / "ci.key")
+    writer = make_ws(files, name="writer", toolchains=False)
+    up = writer.build("//c:obj", args=("--remote-cache", nginx.url, "--remote-trusted-key", public,
+                                       "--remote-signing-key", str(tmp_path / "ci.key"), "--remote-upload"))
+    assert up.rc == 0, up.stderr
+    [key] = [a["key"] for a in up.json["actions"] if a["label"] == "//c:obj" and "obj/main.o" in a["name"]
+             and "lib/" not in a["name"]]
+    entry = json.loads((nginx.store / "cache/ac" / key).read_text())
+    cas = LocalCas(writer.cache, Digester("blake3"))
+    try:  # the entry's tree, one file more, signed again by the trusted key
+        evil = cas.put_bytes(b"\x7fELF evil\n")
+        forged = cas.put_tree(Tree({**cas.get_tree(entry["body"]["output_tree"]).entries, "lib/evil.so": evil}))
+        (nginx.store / "cache/cas" / evil.digest).write_bytes(b"\x7fELF evil\n")
+        nodes = [forged]
+        while nodes:
+            node = nodes.pop()
+            raw = cas.node_bytes(node)
+            (nginx.store / "cache/cas" / node).write_bytes(raw)
+            entry["sizes"][node] = len(raw)
+            nodes += [sub for _name, sub in json.loads(raw)["dirs"]]
+    finally:
+        cas.close()
+    entry["body"]["output_tree"] = forged
+    entry["sig"] = Signer(tmp_path / "ci.key").sign(signed_message(entry["key"], entry["kind"], entry["body"]))
+    (nginx.store / "cache/ac" / key).write_text(json.dumps(entry, sort_keys=True))
+    reader = make_ws(files, name="reader", toolchains=False)
+    run = reader.build("//c:obj", args=("--remote-cache", nginx.url, "--remote-trusted-key", public))
+    assert run.rc == 0, run.stderr
+    [compile_step] = [a for a in run.json["actions"] if a["label"] == "//c:obj" and "obj/main.o" in a["name"]
+                      and "lib/" not in a["name"]]
+    assert compile_step["status"] == "executed", compile_step
+    assert "not a declared output" in compile_step["reason"], compile_step
+
+
+def test_a_manifest_entry_whose_key_is_not_its_own_is_never_followed(tmp_path):
+    """An entry of a depfile manifest (a remote's is another machine's word) is followed only if its
+    key is the digest of what it records, as record() files it: else it could pass off another
+    result as what these reads make."""
+    from build_graph.model import Digester
+    from build_graph.rebuilder import Rebuilder
+    from build_graph.store.action_cache import LocalActionCache
+    from build_graph.store.cas import LocalCas
+
+    digester = Digester("blake3")
+    cas = LocalCas(tmp_path / "cache", digester)
+    try:
+        rebuilder = Rebuilder(cas, LocalActionCache(cas.base, cas.tmp), digester)
+        entry = {"reads": {"/bgraph/src": {"a.h": "d" * 64}}, "v": 4}
+        entry["key"] = digester.of_json({"prekey": "p" * 64, **entry})
+        assert rebuilder._entry_key_holds("p" * 64, entry)
+        assert not rebuilder._entry_key_holds("q" * 64, entry)  # another action's manifest
+        assert not rebuilder._entry_key_holds("p" * 64, {**entry, "key": "e" * 64})
+        assert not rebuilder._entry_key_holds("p" * 64, {**entry, "reads": {}})
+        assert not rebuilder._entry_key_holds("p" * 64, ["not", "an", "entry"])
+    finally:
+        cas.close()

@@ -50,8 +50,10 @@ class HostileServer:
                                       pb.BatchUpdateBlobsResponse.SerializeToString),
                 "BatchReadBlobs": u(self._read, pb.BatchReadBlobsRequest.FromString,
                                     pb.BatchReadBlobsResponse.SerializeToString)},
-            "google.bytestream.ByteStream": {"Read": s(self._bs_read, pb.ReadRequest.FromString,
-                                                       pb.ReadResponse.SerializeToString)},
+            "google.bytestream.ByteStream": {
+                "Read": s(self._bs_read, pb.ReadRequest.FromString, pb.ReadResponse.SerializeToString),
+                "Write": grpc.stream_unary_rpc_method_handler(self._bs_write, pb.WriteRequest.FromString,
+                                                              pb.WriteResponse.SerializeToString)},
             E + "Execution": {"Execute": s(self._execute, pb.ExecuteRequest.FromString,
                                            operations_pb2.Operation.SerializeToString)},
         }
@@ -86,6 +88,16 @@ class HostileServer:
             context.abort(grpc.StatusCode.NOT_FOUND, "no such blob")
         for offset in range(0, len(data), 1 << 20):
             yield pb.ReadResponse(data=data[offset:offset + (1 << 20)])
+
+    def _bs_write(self, requests, context):
+        """A large upload (a whole build's input root sends the pinned /usr this way)."""
+        data, name = bytearray(), ""
+        for r in requests:
+            name = name or r.resource_name
+            data += r.data
+        parts = name.split("/")
+        self.cas[parts[parts.index("blobs") + 1]] = bytes(data)
+        return pb.WriteResponse(committed_size=len(data))
 
     def _execute(self, request, context):
         self.requests.append(request)

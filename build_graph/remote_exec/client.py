@@ -633,6 +633,7 @@ class RemoteRunner:
                 output_tree=self.cas.put_tree(tree), exit_code=0, stdout=self.cas.put_bytes(stdout).digest,
                 stderr=self.cas.put_bytes(stderr).digest, duration_s=round(max(duration, 0.0), 3),
                 output_entries=len(tree))
+        store.executed_by = self.url  # the result's origin, filed with it (store/origins.py)
         return store
 
     @staticmethod

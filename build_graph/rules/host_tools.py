@@ -9,6 +9,11 @@ the system's installation directories (SYSTEM_DIRS, SYSTEM_TOP), where tools and
 live; data an action reads is a source or a pinned input, whose content is keyed, and a tool
 elsewhere (a script in a home or scratch directory) is listed in `tools` alone: it is mounted by
 itself, at its path.
+
+A tool's `--version` line is probed again only when the tool's own file changes (its stat stamp):
+a wrapper script whose version and behaviour come from another file (a `.ver` file it reads, the
+compiler a ccache link runs) keeps the line it had until the wrapper itself changes. List what it
+runs as a tool too, or make it a pinned input.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ blob of its outputs, each hashed against its digest before it enters the local s
 entry is filed locally. Anything missing, wrong, oversized or unsigned makes it a miss, said in
 one warning line.
 
-A pulled entry is filed with who signed it (`pulled/<key>`: the signer's public key, or
-"unsigned", and the digest of the result it came with). A later build whose trust no longer
-accepts that signer (trusted_keys set after an unsigned remote was allowed, or a key taken out)
-drops the local copy and looks the key up again; a result built here, or pulled under a trust
-that still holds, is used as it is.
+A pulled entry is filed with its origin (store/origins.py: the signer's public key, or
+"unsigned", the remote's URL and the digest of the result it came with). A later build whose trust
+does not accept that origin (trusted_keys set after an unsigned remote was allowed, a key taken
+out, another remote, another workspace's) drops the local copy and looks the key up again, before
+anything is backfilled; a result built here, or pulled under a trust that still holds, is used as
+it is. Builds without a remote make the same check (rebuilder.py), through the same records.
 Uploads (only with upload=True, meant for CI) send the blobs and nodes first and the entry last,
 so a reader never sees an entry whose outputs are not there yet.
 """
@@ -24,12 +25,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-import orjson
-
 from build_graph.model import ActionResult, Digester, FileEntry
 from build_graph.store.action_cache import LocalActionCache
-from build_graph.store.atomic import write_json
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+from build_graph.store.origins import EXECUTED, BuildTrust, Origins
 from build_graph.store.remote import MAX_ENTRY_BYTES, MAX_UNSIZED_BYTES, BodyTooLarge, RemoteCache, RemoteUnavailable
 from build_graph.store.signing import UNSIGNED, Signer, Trust, signed_message
 
@@ -60,15 +59,18 @@ class Ignored(Exception):
 
 class LayeredActionCache:
     def __init__(self, local: LocalActionCache, cas: LocalCas, remote: RemoteCache, digester: Digester, *,
-                 upload: bool = False, signer: Signer | None = None, trust: Trust | None = None,
-                 warn: Callable[[str], None] = lambda message: None):
+                 origins: Origins | None = None, upload: bool = False, signer: Signer | None = None,
+                 trust: Trust | None = None, warn: Callable[[str], None] = lambda message: None):
         self.local, self.cas, self.remote, self.digester = local, cas, remote, digester
         self.upload, self.signer, self.trust = upload, signer, trust or Trust([])
+        # where each result not built here came from, and this build's trust (the engine gives
+        # one with its executor; alone, the trust above and this remote's URL)
+        self.origins = origins or Origins(cas.base, cas.tmp, digester, BuildTrust(
+            frozenset(self.trust.keys), remote.url if self.trust.allow_unsigned else None))
         self.stats = RemoteStats()
         self._warn = warn
         self._warned: set[str] = set()
         self._lock = threading.Lock()
-        self._pulled = cas.base / "pulled"  # key -> who signed the result pulled for it
 
     # -- the LocalActionCache interface --------------------------------------------------
     def get(self, key: str) -> ActionResult | None:
@@ -113,44 +115,24 @@ class LayeredActionCache:
         if self.upload and self._upload(key, result):
             self.stats.uploaded += 1
 
-    # -- who signed what was pulled --------------------------------------------------------
-    def _pulled_path(self, key: str) -> str:
-        return f"{self._pulled}/{key[:2]}/{key[2:]}.json"
-
-    def _result_digest(self, result: ActionResult) -> str:
-        return self.digester.of(orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
-
+    # -- where what was pulled came from --------------------------------------------------
     def _record_pulled(self, key: str, result: ActionResult, signer: str) -> None:
-        """File who signed the result pulled for `key` (before the entry itself: a build killed
-        between the two leaves a record of a pull, never an unrecorded pulled entry)."""
-        dest = self._pulled / key[:2] / f"{key[2:]}.json"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        write_json(dest, {"signer": signer, "result": self._result_digest(result), "remote": self.remote.url},
-                   self.cas.tmp, sort_keys=True)
+        """File who signed the result pulled for `key`, and from where (before the entry itself)."""
+        self.origins.record(key, result, signer, self.remote.url)
 
     def _still_trusted(self, key: str, result: ActionResult) -> bool:
-        """False (and the local copy dropped) where `result` was pulled from a remote and this
-        build's trust does not accept whoever signed it."""
-        try:
-            with open(self._pulled_path(key), "rb") as f:
-                record = orjson.loads(f.read())
-            signer, pulled = record["signer"], record["result"]
-        except FileNotFoundError:
-            return True  # built here (or pulled before records were kept)
-        except (ValueError, KeyError, TypeError):
-            signer, pulled = UNSIGNED, self._result_digest(result)  # a damaged record: assume the worst
-        if pulled != self._result_digest(result):
-            return True  # the entry was built here since (the record is of an earlier pull)
-        if self.trust.accepts(signer):
+        """False (and the local copy dropped) where `result` came from elsewhere and this build's
+        trust does not accept its origin (store/origins.py)."""
+        origin = self.origins.origin(key, result)
+        if origin is None or self.origins.trust.accepts(*origin):
             return True
         self.local.remove(key)
-        try:
-            os.unlink(self._pulled_path(key))
-        except FileNotFoundError:
-            pass
+        self.origins.clear(key)
         with self._lock:
             self.stats.dropped += 1
-        who = "unsigned" if signer == UNSIGNED else f"signed by {signer[:16]}…, a key not trusted now"
+        signer, source = origin
+        who = ("unsigned" if signer == UNSIGNED else f"run by the remote executor {source}" if signer == EXECUTED
+               else f"signed by {signer[:16]}…, a key not trusted now")
         self.warn_once("dropped", f"remote cache: dropped results pulled earlier that this build does not trust "
                                   f"(the first: action {key[:12]}…, {who}); looking them up again")
         return False
@@ -365,7 +347,8 @@ class LayeredActionCache:
                                       "building locally")
 
 
-def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn) -> LayeredActionCache:
+def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, settings, warn,
+               origins: Origins) -> LayeredActionCache:
     """The action cache with the remote that `settings` (a workspace RemoteSection) names behind the local one.
     A remote without trusted keys is an error unless `allow_unsigned` says so (then one warning per build)."""
     from pathlib import Path
@@ -387,7 +370,7 @@ def configured(local: LocalActionCache, cas: LocalCas, digester: Digester, setti
     signer = Signer(Path(os.path.expanduser(settings.signing_key))) if settings.signing_key else None
     trust = Trust(settings.trusted_keys, allow_unsigned=settings.allow_unsigned)
     cache = LayeredActionCache(local, cas, open_remote(settings.url, digester.name, settings.timeout_s), digester,
-                               upload=settings.upload, signer=signer, trust=trust, warn=warn)
+                               origins=origins, upload=settings.upload, signer=signer, trust=trust, warn=warn)
     if trust.allow_unsigned:
         cache.warn_once("unsigned", f"remote cache {settings.url}: no trusted_keys and allow_unsigned is on: its "
                                     "results are used whoever wrote them")

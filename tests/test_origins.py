@@ -1,0 +1,98 @@
+"""Results made elsewhere (store/origins.py): a result that a remote executor or a remote cache gave
+one build is taken by a later build only where that build trusts the same origin, whichever
+workspace filed it in the shared cache; a result built here is this machine's own (red team R4)."""
+
+import orjson
+
+from bgraph_testlib import WS, copy_toolchains, write_files
+from build_graph.model import ActionResult, Digester
+from build_graph.store.origins import EXECUTED, UNSIGNED, BuildTrust, Origins
+from build_graph.workspace import RemoteSection
+from test_remote_client_results import HostileServer, pb
+
+FILES = {
+    "in.txt": "alpha\nbeta\n",
+    "targets/p.toml": '''[a]
+kind = "genrule"
+srcs = ["in.txt"]
+outs = ["a.txt"]
+cmd = "sort -r $SRC/in.txt > $OUT/a.txt"
+
+[b]
+kind = "genrule"
+outs = ["b.txt"]
+deps = { a = ":a" }
+cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"
+''',
+}
+KEY = "ab" * 32
+
+
+def test_each_origin_is_taken_only_under_the_trust_that_vouches_for_it():
+    trust = BuildTrust.of(RemoteSection(url="http://cache", trusted_keys=[KEY.upper()], executor="grpc://ex:1"))
+    assert trust.accepts(KEY, "http://elsewhere")  # a trusted signer, from any remote
+    assert not trust.accepts("cd" * 32, "http://cache")
+    assert not trust.accepts(UNSIGNED, "http://cache")  # keys win over allow_unsigned
+    assert trust.accepts(EXECUTED, "grpc://ex:1") and not trust.accepts(EXECUTED, "grpc://other:1")
+    open_cache = BuildTrust.of(RemoteSection(url="http://cache", allow_unsigned=True))
+    assert open_cache.accepts(UNSIGNED, "http://cache") and open_cache.accepts("cd" * 32, "http://cache")
+    assert not open_cache.accepts(UNSIGNED, "http://other-open-cache")
+    nothing = BuildTrust.of(None)
+    assert not any(nothing.accepts(s, "http://cache") for s in (UNSIGNED, EXECUTED, KEY))
+
+
+def test_a_record_names_a_foreign_result_until_one_is_built_here(tmp_path):
+    digester = Digester("blake3")
+    (tmp_path / "tmp").mkdir()
+    said = []
+    origins = Origins(tmp_path, tmp_path / "tmp", digester, BuildTrust(), said.append)
+    pulled = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=1.0)
+    built = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=2.0)
+    key = "k" * 64
+    assert origins.origin(key, pulled) is None and origins.accepts(key, pulled)  # no record: built here
+    origins.record(key, pulled, EXECUTED, "grpc://ex:1")
+    assert origins.origin(key, pulled) == (EXECUTED, "grpc://ex:1")
+    assert not origins.accepts(key, pulled) and not origins.accepts(key, pulled) and len(said) == 1
+    assert origins.accepts(key, built)  # filed again since, from this machine's own run
+    record = tmp_path / "pulled" / key[:2] / f"{key[2:]}.json"
+    record.write_bytes(orjson.dumps({"signer": 7}))  # a damaged record: the worst is assumed
+    assert origins.origin(key, pulled) == (UNSIGNED, "")
+    origins.clear(key)
+    assert origins.origin(key, pulled) is None
+
+
+def forge_a(command, put) -> pb.ActionResult:
+    """The hostile executor: //p:a's a.txt is three lines of its own."""
+    result = pb.ActionResult(exit_code=0)
+    for path in list(command.output_paths) or list(command.output_files):
+        if path.endswith("a.txt"):
+            result.output_files.add(path=path, digest=put(b"EVIL\nEVIL\nEVIL\n"))
+    return result
+
+
+def pinned_ws(root, cache) -> WS:
+    """A workspace on this repository's pinned systems (an action with host paths never goes remote)."""
+    copy_toolchains(root)
+    write_files(root, FILES)
+    return WS(root, cache)
+
+
+def test_an_executor_named_by_one_workspace_fills_the_shared_cache_for_that_workspace_only(tmp_path):
+    server = HostileServer(forge_a)
+    shared = tmp_path / "one-cache"
+    try:
+        a = pinned_ws(tmp_path / "cloned", shared)  # a project that names its own executor
+        (a.root / "WORKSPACE.toml").write_text((a.root / "WORKSPACE.toml").read_text()
+                                               + f'\n[remote]\nexecutor = "{server.url}"\n')
+        took = a.build("//p:a")
+        assert took.rc == 0, took.stderr
+        assert a.read_output("//p:a", "a.txt") == "EVIL\nEVIL\nEVIL\n"  # its own choice of executor
+        b = pinned_ws(tmp_path / "mine", shared)  # no remote at all
+        run = b.build("//p:b")
+        assert run.rc == 0, run.stderr
+        assert {x["label"] for x in run.json["actions"] if x["status"] == "executed"} >= {"//p:a", "//p:b"}
+        assert b.read_output("//p:b", "b.txt").strip() == "2"  # as a clean build gives
+        assert run.stderr.count("are not trusted by this build") == 1, run.stderr
+        assert b.build("//p:b").json["executed"] == 0  # built here now: this machine's own
+    finally:
+        server.stop()
