@@ -95,7 +95,8 @@ def cmd_build(args, console: Console) -> int:
         keep_going=args.keep_going, check=bool(args.check or args.check_sample),
         check_sample=args.check_sample, dry_run=args.dry_run, platform=args.platform, exec_platform=exec_platform,
         profile=bool(args.profile), remote_executor=remote if remote.executor else None,
-        remote_jobs=(remote.jobs or 16) if remote.executor else 0)
+        remote_jobs=(remote.jobs or 16) if remote.executor else 0,
+        remote_user=remote_settings(None, overrides))  # what the user vouches for, not the workspace
     profile_path = writable_profile_path(args.profile) if args.profile else None
     cache = cache_dir(ws, args.cache_dir)
     if previous is not None:  # only file contents changed: unchanged targets are taken as they were

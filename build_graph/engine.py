@@ -61,6 +61,9 @@ class BuildOptions:
     reuse: Any = None  # a store.memo.Reuse: targets the last build of this request left as they are
     remote_executor: Any = None  # a workspace.RemoteSection with an executor: where exec actions run (remote_exec/)
     remote_jobs: int = 0  # remote Executes in flight, beside `jobs` local actions (the scheduler has both)
+    # the [remote] settings of the user config and the command line alone (no WORKSPACE.toml):
+    # the origins the user vouches for in every workspace (store/origins.py)
+    remote_user: Any = None
 
 
 @dataclass
@@ -144,7 +147,8 @@ class Engine:
         # Which results made elsewhere (a remote cache's, an executor's) this build takes: those
         # its own [remote] settings trust, whichever workspace filed them (store/origins.py).
         self.origins = Origins(self.cas.base, self.cas.tmp, self.digester, BuildTrust.of(
-            self.options.remote if self.options.remote is not None else self.options.remote_executor), self.warn)
+            self.options.remote if self.options.remote is not None else self.options.remote_executor),
+            BuildTrust.of(self.options.remote_user), str(ws.root), self.warn)
         self.remote = None
         if self.options.remote is not None and self.options.remote.url:
             from build_graph.store.layered import configured

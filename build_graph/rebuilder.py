@@ -111,10 +111,11 @@ class Rebuilder:
             result = self.ac.get(key)
             found = (result, None, False) if result is not None else None
         if found is not None and not self.origins.accepts(key, found[0]):
+            # The origin record stays: a result filed here later differs from the one it names
+            # (a concurrent build's record is never taken from under its entry).
             if self.state is not None:
                 self.state.drop_results([key])
             self.ac.remove(key)
-            self.origins.clear(key)
             return None
         return found
 
@@ -175,7 +176,7 @@ class Rebuilder:
     def record(self, action: Action, tree: Tree, result: ActionResult, executed_by: str | None = None) -> str:
         """Remember the inputs (for later reasons) and the result (for later hits); returns
         the key the result is filed under. `executed_by`: the remote executor that ran it (its
-        origin is filed first); else it was built here (an earlier origin is forgotten after)."""
+        origin is filed first); else it was built here."""
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
         if action.manifested:
@@ -196,9 +197,10 @@ class Rebuilder:
     def _file(self, key: str, result: ActionResult, executed_by: str | None) -> None:
         if executed_by:
             self.origins.record(key, result, EXECUTED, executed_by)
+        # Built here: an earlier origin record names another result, so it no longer applies.
+        # It is not removed: between a concurrent build's record and its entry that would leave
+        # a foreign entry with no record, taken as this machine's own.
         self.ac.put(key, result)
-        if not executed_by:
-            self.origins.clear(key)
 
     # -- input discovery (incremental/discovery.py) --------------------------------------
     # An action whose strategy narrows something is filed under a narrowed key: its prekey plus

@@ -520,10 +520,10 @@ def user_fetch_settings() -> dict[str, Any]:
         raise _validation_error(e, str(path), text, ["fetch"]) from None
 
 
-def remote_settings(ws: Workspace, overrides: dict[str, Any]) -> RemoteSection:
-    """The [remote] settings: WORKSPACE.toml, then the user config file, then `overrides`
-    (command-line flags that were given)."""
-    merged = ws.model.remote.model_dump(exclude_unset=True)
+def remote_settings(ws: Workspace | None, overrides: dict[str, Any]) -> RemoteSection:
+    """The [remote] settings: WORKSPACE.toml (none with `ws` None: what the user alone gives),
+    then the user config file, then `overrides` (command-line flags that were given)."""
+    merged = ws.model.remote.model_dump(exclude_unset=True) if ws is not None else {}
     path = user_config_path()
     if path.is_file():
         data, text = _read_toml(path, str(path))

@@ -41,24 +41,32 @@ def test_each_origin_is_taken_only_under_the_trust_that_vouches_for_it():
     assert not any(nothing.accepts(s, "http://cache") for s in (UNSIGNED, EXECUTED, KEY))
 
 
-def test_a_record_names_a_foreign_result_until_one_is_built_here(tmp_path):
+def test_a_record_says_who_vouched_and_holds_until_a_result_is_built_here(tmp_path):
     digester = Digester("blake3")
     (tmp_path / "tmp").mkdir()
     said = []
-    origins = Origins(tmp_path, tmp_path / "tmp", digester, BuildTrust(), said.append)
+    executor = BuildTrust(executor="grpc://ex:1")
+
+    def origins(workspace: str, trust: BuildTrust = BuildTrust(), user: BuildTrust = BuildTrust()) -> Origins:
+        return Origins(tmp_path, tmp_path / "tmp", digester, trust, user, workspace, said.append)
+
     pulled = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=1.0)
     built = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=2.0)
     key = "k" * 64
-    assert origins.origin(key, pulled) is None and origins.accepts(key, pulled)  # no record: built here
-    origins.record(key, pulled, EXECUTED, "grpc://ex:1")
-    assert origins.origin(key, pulled) == (EXECUTED, "grpc://ex:1")
-    assert not origins.accepts(key, pulled) and not origins.accepts(key, pulled) and len(said) == 1
-    assert origins.accepts(key, built)  # filed again since, from this machine's own run
+    assert origins("/b").origin(key, pulled) is None and origins("/b").accepts(key, pulled)  # built here
+    origins("/a", trust=executor).record(key, pulled, EXECUTED, "grpc://ex:1")  # only /a's WORKSPACE.toml
+    assert origins("/b").origin(key, pulled) == (EXECUTED, "grpc://ex:1", "workspace:/a")
+    assert origins("/a").accepts(key, pulled)  # the workspace that vouched for it
+    assert origins("/b", trust=executor).accepts(key, pulled)  # a build that uses the same executor
+    other = origins("/b")
+    assert not other.accepts(key, pulled) and not other.accepts(key, pulled) and len(said) == 1
+    assert "only /a trusts it" in said[0]
+    assert other.accepts(key, built)  # filed again since, from this machine's own run
+    origins("/a", trust=executor, user=executor).record(key, pulled, EXECUTED, "grpc://ex:1")  # the user's flag
+    assert origins("/b").accepts(key, pulled)
     record = tmp_path / "pulled" / key[:2] / f"{key[2:]}.json"
     record.write_bytes(orjson.dumps({"signer": 7}))  # a damaged record: the worst is assumed
-    assert origins.origin(key, pulled) == (UNSIGNED, "")
-    origins.clear(key)
-    assert origins.origin(key, pulled) is None
+    assert origins("/b").origin(key, pulled) == (UNSIGNED, "", "") and not origins("/b").accepts(key, pulled)
 
 
 def forge_a(command, put) -> pb.ActionResult:

@@ -121,16 +121,18 @@ class LayeredActionCache:
         self.origins.record(key, result, signer, self.remote.url)
 
     def _still_trusted(self, key: str, result: ActionResult) -> bool:
-        """False (and the local copy dropped) where `result` came from elsewhere and this build's
-        trust does not accept its origin (store/origins.py)."""
+        """False (and the local copy dropped) where `result` came from elsewhere and this build
+        may not take it (store/origins.py: the user or this workspace never vouched for its
+        origin, nor does this build's trust), or this remote's trust does not accept whoever
+        signed it (trusted_keys set after an unsigned remote was allowed, a key taken out)."""
         origin = self.origins.origin(key, result)
-        if origin is None or self.origins.trust.accepts(*origin):
+        if origin is None or (self.origins.vouched(origin)
+                              and (origin[0] == EXECUTED or self.trust.accepts(origin[0]))):
             return True
-        self.local.remove(key)
-        self.origins.clear(key)
+        self.local.remove(key)  # its origin record stays (store/origins.py: it names this result only)
         with self._lock:
             self.stats.dropped += 1
-        signer, source = origin
+        signer, source, _vouched = origin
         who = ("unsigned" if signer == UNSIGNED else f"run by the remote executor {source}" if signer == EXECUTED
                else f"signed by {signer[:16]}…, a key not trusted now")
         self.warn_once("dropped", f"remote cache: dropped results pulled earlier that this build does not trust "
