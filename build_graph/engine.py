@@ -146,7 +146,7 @@ class Engine:
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         # Which results made elsewhere (a remote cache's, an executor's) this build takes: those
         # its own [remote] settings trust, whichever workspace filed them (store/origins.py).
-        self.origins = Origins(self.cas.base, self.cas.tmp, self.digester, BuildTrust.of(
+        self.origins = Origins(BuildTrust.of(
             self.options.remote if self.options.remote is not None else self.options.remote_executor),
             BuildTrust.of(self.options.remote_user), str(ws.root), self.warn)
         self.remote = None
@@ -251,10 +251,10 @@ class Engine:
             return self._file(action, tree, result, stamps)
         store = self.sandbox.run_process(action, stamps)
         # a remote executor's store says so (remote_exec/client.py); a local run's does not
-        return Later(lambda: self._file(action, *store(), stamps, getattr(store, "executed_by", None)))
+        return Later(lambda: self._file(action, *store(), stamps, getattr(store, "made_by", None)))
 
     def _file(self, action: Action, tree: Tree, result: ActionResult, stamps: dict[str, float] | None,
-              executed_by: str | None = None) -> tuple[Tree, ActionResult, str]:
+              made_by: tuple[str, str] | None = None) -> tuple[Tree, ActionResult, str]:
         if stamps is not None:
             stamps["executed"] = time.monotonic()
         # The key names the host tools as probed: one replaced while the action ran made the
@@ -263,7 +263,7 @@ class Engine:
         if moved is not None:
             raise ActionFailed(f"host tool {moved} changed while the action ran: its result is not kept",
                                where=action.name, hint="build again: the tool is probed anew")
-        return tree, result, self.rebuilder.record(action, tree, result, executed_by)
+        return tree, result, self.rebuilder.record(action, tree, result, made_by)
 
     # -- the loop ------------------------------------------------------------------------
     def build(self, labels: list[Label]) -> BuildResult:

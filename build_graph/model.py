@@ -382,12 +382,26 @@ class ActionResult:
     output_entries: int = 0
     peak_mb: int = 0  # peak resident memory of the action's processes (0: not measured)
     cpu_s: float = 0.0  # CPU time (user + system) of the action's processes (0: not measured)
+    # (signer, source, who vouched) of a result made elsewhere, filed in the same write as the
+    # rest (store/origins.py); None: built by this machine's sandbox
+    origin: tuple[str, str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        data = self.__dict__.copy()
+        if data["origin"] is None:
+            del data["origin"]  # a local result's entry reads as it always did
+        else:
+            data["origin"] = list(data["origin"])
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ActionResult":
+        """Raises TypeError where `data` is not one (a damaged origin included: a miss, never local)."""
+        origin = data.get("origin")
+        if origin is not None:
+            if not (isinstance(origin, list) and len(origin) == 3 and all(isinstance(o, str) for o in origin)):
+                raise TypeError("a damaged origin")
+            data = {**data, "origin": tuple(origin)}
         return cls(**data)
 
 

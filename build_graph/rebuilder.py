@@ -9,7 +9,7 @@ from typing import Any, Callable
 from build_graph.incremental.discovery import Contents, short as _short
 from build_graph.model import Action, ActionCache, ActionResult, Digester, Tree
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
-from build_graph.store.origins import EXECUTED, BuildTrust, Origins
+from build_graph.store.origins import BuildTrust, Origins
 from build_graph.store.state import BuildState
 
 
@@ -100,7 +100,7 @@ class Rebuilder:
         self.state = state  # the build state's memo of results (state.py): one file, not two per hit
         self.files = Contents(cas, digester, state)  # what input discovery reads of stored files
         # where results made elsewhere came from, and whether this build takes them (store/origins.py)
-        self.origins = origins or Origins(cas.base, cas.tmp, digester, BuildTrust())
+        self.origins = origins or Origins(BuildTrust())
 
     def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
         """(result, its tree if the memo holds it, whether it came from the memo) under `key`; a
@@ -111,8 +111,6 @@ class Rebuilder:
             result = self.ac.get(key)
             found = (result, None, False) if result is not None else None
         if found is not None and not self.origins.accepts(key, found[0]):
-            # The origin record stays: a result filed here later differs from the one it names
-            # (a concurrent build's record is never taken from under its entry).
             if self.state is not None:
                 self.state.drop_results([key])
             self.ac.remove(key)
@@ -173,34 +171,29 @@ class Rebuilder:
             if mount in before and before[mount] != now[mount]:
                 self.cas.put_tree(t)
 
-    def record(self, action: Action, tree: Tree, result: ActionResult, executed_by: str | None = None) -> str:
+    def record(self, action: Action, tree: Tree, result: ActionResult,
+               made_by: tuple[str, str] | None = None) -> str:
         """Remember the inputs (for later reasons) and the result (for later hits); returns
-        the key the result is filed under. `executed_by`: the remote executor that ran it (its
-        origin is filed first); else it was built here."""
+        the key the result is filed under. `made_by`: (EXECUTED or EXECUTOR_CACHE, the executor's
+        URL) of a remote executor's result, filed with it as its origin; None: built here."""
+        if made_by is not None:
+            result = self.origins.stamp(result, *made_by)
         for _mount, t in action.inputs:
             self.cas.put_tree(t)
         if action.manifested:
             prekey = action.prekey(self.digester)
             entry = action.discovery.reads(self.files, action, tree)
             key = entry["key"] = self.digester.of_json({"prekey": prekey, **entry})
-            self._file(key, result, executed_by)
+            self.ac.put(key, result)
             self.ac.add_manifest(prekey, entry)
         else:
             key = action.key(self.digester)
             if not action.cacheable:
                 return key
-            self._file(key, result, executed_by)
+            self.ac.put(key, result)
         if self.state is not None:
             self.state.put_result(key, result, tree)
         return key
-
-    def _file(self, key: str, result: ActionResult, executed_by: str | None) -> None:
-        if executed_by:
-            self.origins.record(key, result, EXECUTED, executed_by)
-        # Built here: an earlier origin record names another result, so it no longer applies.
-        # It is not removed: between a concurrent build's record and its entry that would leave
-        # a foreign entry with no record, taken as this machine's own.
-        self.ac.put(key, result)
 
     # -- input discovery (incremental/discovery.py) --------------------------------------
     # An action whose strategy narrows something is filed under a narrowed key: its prekey plus

@@ -3,10 +3,11 @@ one build is taken by a later build only where that build trusts the same origin
 workspace filed it in the shared cache; a result built here is this machine's own (red team R4)."""
 
 import orjson
+import pytest
 
 from bgraph_testlib import WS, copy_toolchains, write_files
-from build_graph.model import ActionResult, Digester
-from build_graph.store.origins import EXECUTED, UNSIGNED, BuildTrust, Origins
+from build_graph.model import ActionResult
+from build_graph.store.origins import EXECUTED, EXECUTOR_CACHE, UNSIGNED, USER, BuildTrust, Origins
 from build_graph.workspace import RemoteSection
 from test_remote_client_results import HostileServer, pb
 
@@ -33,40 +34,42 @@ def test_each_origin_is_taken_only_under_the_trust_that_vouches_for_it():
     assert trust.accepts(KEY, "http://elsewhere")  # a trusted signer, from any remote
     assert not trust.accepts("cd" * 32, "http://cache")
     assert not trust.accepts(UNSIGNED, "http://cache")  # keys win over allow_unsigned
-    assert trust.accepts(EXECUTED, "grpc://ex:1") and not trust.accepts(EXECUTED, "grpc://other:1")
-    open_cache = BuildTrust.of(RemoteSection(url="http://cache", allow_unsigned=True))
+    assert trust.accepts(EXECUTED, "grpc://ex:1/") and not trust.accepts(EXECUTED, "grpc://other:1")
+    assert not trust.accepts(EXECUTOR_CACHE, "grpc://ex:1")  # its cache's answers: only with accept_cached
+    open_cache = BuildTrust.of(RemoteSection(url="http://cache/", allow_unsigned=True))
     assert open_cache.accepts(UNSIGNED, "http://cache") and open_cache.accepts("cd" * 32, "http://cache")
     assert not open_cache.accepts(UNSIGNED, "http://other-open-cache")
     nothing = BuildTrust.of(None)
     assert not any(nothing.accepts(s, "http://cache") for s in (UNSIGNED, EXECUTED, KEY))
 
 
-def test_a_record_says_who_vouched_and_holds_until_a_result_is_built_here(tmp_path):
-    digester = Digester("blake3")
-    (tmp_path / "tmp").mkdir()
+def test_an_entry_says_who_vouched_for_it_and_only_they_take_it():
     said = []
     executor = BuildTrust(executor="grpc://ex:1")
 
     def origins(workspace: str, trust: BuildTrust = BuildTrust(), user: BuildTrust = BuildTrust()) -> Origins:
-        return Origins(tmp_path, tmp_path / "tmp", digester, trust, user, workspace, said.append)
+        return Origins(trust, user, workspace, said.append)
 
-    pulled = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=1.0)
-    built = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=2.0)
+    built = ActionResult(output_tree="t" * 64, exit_code=0, stdout="", stderr="", duration_s=1.0)
     key = "k" * 64
-    assert origins("/b").origin(key, pulled) is None and origins("/b").accepts(key, pulled)  # built here
-    origins("/a", trust=executor).record(key, pulled, EXECUTED, "grpc://ex:1")  # only /a's WORKSPACE.toml
-    assert origins("/b").origin(key, pulled) == (EXECUTED, "grpc://ex:1", "workspace:/a")
+    assert origins("/b").accepts(key, built) and "origin" not in built.to_json()  # built here
+    pulled = origins("/a", trust=executor).stamp(built, EXECUTED, "grpc://ex:1/")  # only /a's WORKSPACE.toml
+    assert pulled.origin == (EXECUTED, "grpc://ex:1", "workspace:/a")
+    assert ActionResult.from_json(orjson.loads(orjson.dumps(pulled.to_json()))) == pulled  # filed with it
     assert origins("/a").accepts(key, pulled)  # the workspace that vouched for it
     assert origins("/b", trust=executor).accepts(key, pulled)  # a build that uses the same executor
     other = origins("/b")
     assert not other.accepts(key, pulled) and not other.accepts(key, pulled) and len(said) == 1
     assert "only /a trusts it" in said[0]
-    assert other.accepts(key, built)  # filed again since, from this machine's own run
-    origins("/a", trust=executor, user=executor).record(key, pulled, EXECUTED, "grpc://ex:1")  # the user's flag
-    assert origins("/b").accepts(key, pulled)
-    record = tmp_path / "pulled" / key[:2] / f"{key[2:]}.json"
-    record.write_bytes(orjson.dumps({"signer": 7}))  # a damaged record: the worst is assumed
-    assert origins("/b").origin(key, pulled) == (UNSIGNED, "", "") and not origins("/b").accepts(key, pulled)
+    by_user = origins("/a", trust=executor, user=executor).stamp(built, EXECUTED, "grpc://ex:1")  # a flag
+    assert by_user.origin[2] == USER and origins("/b").accepts(key, by_user)
+    cached = origins("/a", trust=executor, user=executor).stamp(built, EXECUTOR_CACHE, "grpc://ex:1")
+    assert cached.origin[2] == "workspace:/a"  # the user never said --remote-accept-cached
+    assert not origins("/b", trust=executor).accepts(key, cached)
+    assert origins("/b", trust=BuildTrust(executor="grpc://ex:1", accept_cached=True)).accepts(key, cached)
+    for damaged in ({"origin": ["executed", "x"]}, {"origin": "user"}, {"origin": [1, 2, 3]}):
+        with pytest.raises(TypeError):  # a miss, never an entry of this machine's own
+            ActionResult.from_json({**built.to_json(), **damaged})
 
 
 def forge_a(command, put) -> pb.ActionResult:

@@ -261,8 +261,11 @@ def test_a_remote_without_trusted_keys_is_refused_unless_allowed(make_ws, nginx,
 
 
 def pulled_records(ws) -> dict[str, dict]:
-    root = ws.store / "pulled"
-    return {p.parent.name + p.stem: json.loads(p.read_text()) for p in root.rglob("*.json")} if root.exists() else {}
+    """key -> the origin its local entry carries (store/origins.py), for the entries that have one."""
+    root = ws.store / "ac"
+    entries = {p.parent.name + p.stem: json.loads(p.read_text()) for p in root.rglob("*.json")
+               if not p.name.endswith(".reads.json")} if root.exists() else {}
+    return {k: dict(zip(("signer", "remote", "vouched"), e["origin"])) for k, e in entries.items() if "origin" in e}
 
 
 def test_trusting_keys_later_drops_unsigned_pulled_results(make_ws, nginx):

@@ -13,6 +13,12 @@ from build_graph.store.layered import LayeredActionCache
 from build_graph.store.signing import Signer, Trust, generate_key, signed_message
 
 
+def unstamped(result):
+    """A pulled result without the origin its reader filed it with (store/origins.py)."""
+    from dataclasses import replace
+    return replace(result, origin=None) if result is not None else None
+
+
 class DictRemote:
     """The RemoteCache protocol over two dicts: what a cache server stores, nothing more."""
 
@@ -70,7 +76,7 @@ def test_hostile_signature_fields_cost_one_warning(tmp_path, keypair, sig, pub):
     env = json.loads(remote.entries["k" * 64])
     assert env["sig"] and env["pub"] == public  # a well-signed entry is there
     reader = layered(tmp_path, remote, Trust([public]), warnings)
-    assert reader.get("k" * 64) == result  # accepted as signed
+    assert unstamped(reader.get("k" * 64)) == result  # accepted as signed
     env.update(sig=sig, pub=public if pub == "PUB" else pub)
     remote.entries["k" * 64] = json.dumps(env).encode()
     fresh_warnings: list[str] = []
@@ -124,7 +130,8 @@ def pulled_unsigned(tmp_path, remote):
     result = result_in(writer)
     writer.put("k" * 64, result)
     reader = layered(tmp_path, remote, Trust([], allow_unsigned=True), warnings)
-    assert reader.get("k" * 64) == result
+    assert unstamped(reader.get("k" * 64)) == result
+    assert reader.get("k" * 64).origin[0] == "unsigned"  # filed with its origin
     return result, reader
 
 
@@ -134,7 +141,7 @@ def test_a_result_pulled_unsigned_is_dropped_once_keys_are_trusted(tmp_path, key
     # A reader pulls it while unsigned results are allowed...
     result, reader = pulled_unsigned(tmp_path, remote)
     assert reader.stats.hits == 1
-    assert reader.local.get("k" * 64) == result
+    assert unstamped(reader.local.get("k" * 64)) == result
     # ...and a later build of that cache trusts a key: the pulled copy goes, the remote's is ignored.
     later_warnings: list[str] = []
     later = LayeredActionCache(reader.local, reader.cas, remote, reader.digester, trust=Trust([public]),

@@ -68,6 +68,7 @@ from build_graph.remote_exec.worker import (  # bgraph platform -> REAPI ISA pro
     SANDBOX_VERSION,
 )
 from build_graph.scheduler import running_priority
+from build_graph.store.origins import EXECUTED, EXECUTOR_CACHE
 from build_graph.store.reapi_remote import DIGEST_FUNCTIONS, ReapiRemote
 from build_graph.store.remote import CircuitBreaker, RemoteUnavailable
 
@@ -633,7 +634,8 @@ class RemoteRunner:
                 output_tree=self.cas.put_tree(tree), exit_code=0, stdout=self.cas.put_bytes(stdout).digest,
                 stderr=self.cas.put_bytes(stderr).digest, duration_s=round(max(duration, 0.0), 3),
                 output_entries=len(tree))
-        store.executed_by = self.url  # the result's origin, filed with it (store/origins.py)
+        # the result's origin, filed with it (store/origins.py): run there, or its cache's answer
+        store.made_by = (EXECUTOR_CACHE if response.cached_result else EXECUTED, self.url)
         return store
 
     @staticmethod

@@ -7,8 +7,8 @@ blob of its outputs, each hashed against its digest before it enters the local s
 entry is filed locally. Anything missing, wrong, oversized or unsigned makes it a miss, said in
 one warning line.
 
-A pulled entry is filed with its origin (store/origins.py: the signer's public key, or
-"unsigned", the remote's URL and the digest of the result it came with). A later build whose trust
+A pulled entry is filed with its origin inside it (store/origins.py: the signer's public key, or
+"unsigned", the remote's URL, and who vouched for taking it). A later build whose trust
 does not accept that origin (trusted_keys set after an unsigned remote was allowed, a key taken
 out, another remote, another workspace's) drops the local copy and looks the key up again, before
 anything is backfilled; a result built here, or pulled under a trust that still holds, is used as
@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from build_graph.model import ActionResult, Digester, FileEntry
 from build_graph.store.action_cache import LocalActionCache
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
-from build_graph.store.origins import EXECUTED, BuildTrust, Origins
+from build_graph.store.origins import EXECUTED, EXECUTOR_CACHE, BuildTrust, Origins
 from build_graph.store.remote import MAX_ENTRY_BYTES, MAX_UNSIZED_BYTES, BodyTooLarge, RemoteCache, RemoteUnavailable
 from build_graph.store.signing import UNSIGNED, Signer, Trust, signed_message
 
@@ -65,8 +65,8 @@ class LayeredActionCache:
         self.upload, self.signer, self.trust = upload, signer, trust or Trust([])
         # where each result not built here came from, and this build's trust (the engine gives
         # one with its executor; alone, the trust above and this remote's URL)
-        self.origins = origins or Origins(cas.base, cas.tmp, digester, BuildTrust(
-            frozenset(self.trust.keys), remote.url if self.trust.allow_unsigned else None))
+        self.origins = origins or Origins(BuildTrust(frozenset(self.trust.keys),
+                                                     remote.url if self.trust.allow_unsigned else None))
         self.stats = RemoteStats()
         self._warn = warn
         self._warned: set[str] = set()
@@ -105,7 +105,7 @@ class LayeredActionCache:
             self.warn_once(f"ignored:{e}", f"remote cache: ignored the entry for action {key[:12]}… ({e}); "
                                            "building it here")
             return None
-        self._record_pulled(key, result, signer)
+        result = self.origins.stamp(result, signer, self.remote.url)  # whatever the remote's body said
         self.local.put(key, result)
         self.stats.hits += 1
         return result
@@ -116,24 +116,20 @@ class LayeredActionCache:
             self.stats.uploaded += 1
 
     # -- where what was pulled came from --------------------------------------------------
-    def _record_pulled(self, key: str, result: ActionResult, signer: str) -> None:
-        """File who signed the result pulled for `key`, and from where (before the entry itself)."""
-        self.origins.record(key, result, signer, self.remote.url)
-
     def _still_trusted(self, key: str, result: ActionResult) -> bool:
         """False (and the local copy dropped) where `result` came from elsewhere and this build
         may not take it (store/origins.py: the user or this workspace never vouched for its
         origin, nor does this build's trust), or this remote's trust does not accept whoever
         signed it (trusted_keys set after an unsigned remote was allowed, a key taken out)."""
-        origin = self.origins.origin(key, result)
+        origin = result.origin
         if origin is None or (self.origins.vouched(origin)
-                              and (origin[0] == EXECUTED or self.trust.accepts(origin[0]))):
+                              and (origin[0] in (EXECUTED, EXECUTOR_CACHE) or self.trust.accepts(origin[0]))):
             return True
-        self.local.remove(key)  # its origin record stays (store/origins.py: it names this result only)
+        self.local.remove(key)
         with self._lock:
             self.stats.dropped += 1
         signer, source, _vouched = origin
-        who = ("unsigned" if signer == UNSIGNED else f"run by the remote executor {source}" if signer == EXECUTED
+        who = ("unsigned" if signer == UNSIGNED else f"run by the remote executor {source}" if signer in (EXECUTED, EXECUTOR_CACHE)
                else f"signed by {signer[:16]}…, a key not trusted now")
         self.warn_once("dropped", f"remote cache: dropped results pulled earlier that this build does not trust "
                                   f"(the first: action {key[:12]}…, {who}); looking them up again")
@@ -146,7 +142,7 @@ class LayeredActionCache:
             sizes = self._push(result)
             if sizes is None:
                 return False
-            self._write_entry(key, "result", result.to_json(), sizes)
+            self._write_entry(key, "result", replace(result, origin=None).to_json(), sizes)  # its reader stamps its own
             return True
         except RemoteUnavailable as e:
             self._unavailable(e)
