@@ -9,23 +9,9 @@ from bgraph_testlib import WS, copy_toolchains, write_files
 from build_graph.model import ActionResult
 from build_graph.store.origins import EXECUTED, EXECUTOR_CACHE, UNSIGNED, USER, BuildTrust, Origins
 from build_graph.workspace import RemoteSection
+from test_remote_cache import FILES  # genrules //p:a (a.txt) and //p:b (wc -l of it)
 from test_remote_client_results import HostileServer, pb
 
-FILES = {
-    "in.txt": "alpha\nbeta\n",
-    "targets/p.toml": '''[a]
-kind = "genrule"
-srcs = ["in.txt"]
-outs = ["a.txt"]
-cmd = "sort -r $SRC/in.txt > $OUT/a.txt"
-
-[b]
-kind = "genrule"
-outs = ["b.txt"]
-deps = { a = ":a" }
-cmd = "wc -l < $IN_A/a.txt > $OUT/b.txt"
-''',
-}
 KEY = "ab" * 32
 
 
