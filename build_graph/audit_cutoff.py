@@ -86,8 +86,8 @@ class Recorder:
             self._keep(action, decision)
         return decision
 
-    def record(self, action: Action, tree: Tree, result) -> str:
-        key = self.inner.record(action, tree, result)
+    def record(self, action: Action, tree: Tree, result, made_by: tuple[str, str] | None = None) -> str:
+        key = self.inner.record(action, tree, result, made_by)
         self._keep(action, Hit(result, tree, key))
         return key
 
@@ -127,8 +127,8 @@ class Cutoff:
                     return hit
         return self.inner.check(action, recorded)
 
-    def record(self, action: Action, tree: Tree, result) -> str:
-        return self.inner.record(action, tree, result)
+    def record(self, action: Action, tree: Tree, result, made_by: tuple[str, str] | None = None) -> str:
+        return self.inner.record(action, tree, result, made_by)
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
