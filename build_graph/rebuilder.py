@@ -91,6 +91,12 @@ def undeclared(tree: Tree, outputs: tuple[str, ...]) -> str | None:
     return None
 
 
+def _declared(action: Action) -> tuple[str, ...] | None:
+    """The outputs a cached result of `action` must stay within (None: any, as a fetch's or a whole
+    output directory's)."""
+    return action.outputs if action.kind == "exec" and action.outputs != (".",) else None
+
+
 class Rebuilder:
     """Decides Hit / Miss(reason). Knows nothing of scheduling."""
 
@@ -104,7 +110,7 @@ class Rebuilder:
 
     def _lookup(self, key: str) -> tuple[ActionResult, Tree | None, bool] | None:
         """(result, its tree if the memo holds it, whether it came from the memo) under `key`; a
-        result from elsewhere that this build does not trust is dropped (memo, entry and origin)."""
+        result from elsewhere that this build does not trust is dropped (memo row and entry)."""
         memo = self.state.result(key, self.digester) if self.state is not None else None
         found = (memo[0], memo[1], True) if memo is not None else None
         if found is None:
@@ -150,8 +156,7 @@ class Rebuilder:
         description = action.description(self.digester)
         found = self._lookup(key) if action.cacheable else None
         if found is not None:
-            declared = action.outputs if action.kind == "exec" and action.outputs != (".",) else None
-            return self._verified(key, *found, outputs=declared)
+            return self._verified(key, *found, outputs=_declared(action))
         previous = recorded()
         if previous and previous.get("key") == key:
             return Miss("not in the cache (evicted or corrupted)")
@@ -251,7 +256,7 @@ class Rebuilder:
     def _check_narrowed(self, action: Action, recorded: Callable[[], dict[str, Any] | None]) -> Hit | Miss:
         prekey = action.prekey(self.digester)
         entries = [e for e in self.ac.get_manifest(prekey) if self._entry_key_holds(prekey, e)]
-        declared = action.outputs if action.kind == "exec" and action.outputs != (".",) else None
+        declared = _declared(action)
         for entry in entries:
             if self._stale(action, entry):
                 continue

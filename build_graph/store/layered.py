@@ -12,7 +12,7 @@ A pulled entry is filed with its origin inside it (store/origins.py: the signer'
 does not accept that origin (trusted_keys set after an unsigned remote was allowed, a key taken
 out, another remote, another workspace's) drops the local copy and looks the key up again, before
 anything is backfilled; a result built here, or pulled under a trust that still holds, is used as
-it is. Builds without a remote make the same check (rebuilder.py), through the same records.
+it is. Every lookup makes the same check (rebuilder.py), builds without a remote included.
 Uploads (only with upload=True, meant for CI) send the blobs and nodes first and the entry last,
 so a reader never sees an entry whose outputs are not there yet.
 """
@@ -129,7 +129,8 @@ class LayeredActionCache:
         with self._lock:
             self.stats.dropped += 1
         signer, source, _vouched = origin
-        who = ("unsigned" if signer == UNSIGNED else f"run by the remote executor {source}" if signer in (EXECUTED, EXECUTOR_CACHE)
+        who = ("unsigned" if signer == UNSIGNED
+               else f"run by the remote executor {source}" if signer in (EXECUTED, EXECUTOR_CACHE)
                else f"signed by {signer[:16]}…, a key not trusted now")
         self.warn_once("dropped", f"remote cache: dropped results pulled earlier that this build does not trust "
                                   f"(the first: action {key[:12]}…, {who}); looking them up again")

@@ -80,7 +80,6 @@ class Origins:
         self._warn = warn
         self._warned = False
         self._lock = threading.Lock()
-        self.dropped = 0  # results this build did not take for their origin
 
     def stamp(self, result: ActionResult, signer: str, source: str) -> ActionResult:
         """`result` as it is filed: with its origin and who vouches for taking it."""
@@ -97,7 +96,6 @@ class Origins:
         if result.origin is None or self.vouched(result.origin):
             return True
         with self._lock:
-            self.dropped += 1
             first, self._warned = not self._warned, True
         if first:
             signer, source, vouched = result.origin
