@@ -182,11 +182,11 @@ class Pin(Strict):
 
 class WorkspaceModel(Strict):
     workspace: WorkspaceSection
-    defaults: Defaults = Defaults()
-    remote: RemoteSection = RemoteSection()
+    defaults: Defaults = Field(default_factory=Defaults)
+    remote: RemoteSection = Field(default_factory=RemoteSection)
     arch_sets: dict[str, list[str]] = Field(default_factory=dict, description="named arch lists")
     pins: dict[str, Pin] = Field(default_factory=dict, description="pinned external inputs")
-    debian: DebianSection = DebianSection()
+    debian: DebianSection = Field(default_factory=DebianSection)
 
     @field_validator("pins")
     @classmethod
