@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import platform as _platform
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,33 +505,58 @@ class FetchSettings(Strict):
                                                  "pins and http_archive targets may read (or $BGRAPH_FILE_URL_DIRS)")
 
 
-def user_fetch_settings() -> dict[str, Any]:
-    """The user config's [fetch] table, checked ({} where there is no config file)."""
+@dataclass(frozen=True)
+class UserSettings:
+    """The user config file's tables, each checked: [remote] as set (overrides of WORKSPACE.toml's)
+    and [fetch] with its defaults."""
+
+    remote: dict[str, Any]
+    fetch: dict[str, Any]
+
+
+_user_settings: dict[tuple, UserSettings] = {}
+
+
+def user_settings() -> UserSettings:
+    """The user config, read and checked whole, so a typo in any table is one error at the first
+    command that reads it, naming that table (not only once a download asks for [fetch]); kept
+    for this process while the file's stamp holds (a build reads it for several purposes)."""
     path = user_config_path()
-    if not path.is_file():
-        return {}
+    try:
+        st = path.stat()
+    except OSError:
+        return UserSettings({}, {})
+    if not stat.S_ISREG(st.st_mode):
+        _read_toml(path, str(path))  # raises: not a regular file
+    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if stamp in _user_settings:
+        return _user_settings[stamp]
     data, text = _read_toml(path, str(path))
     try:
-        table = UserConfig.model_validate(data).fetch
+        top = UserConfig.model_validate(data)
     except ValidationError as e:
         raise _validation_error(e, str(path), text, []) from None
-    try:
-        return FetchSettings.model_validate(table).model_dump()
-    except ValidationError as e:
-        raise _validation_error(e, str(path), text, ["fetch"]) from None
+    tables = {}
+    for name, model in (("remote", RemoteSection), ("fetch", FetchSettings)):
+        try:
+            tables[name] = model.model_validate(getattr(top, name)).model_dump(exclude_unset=name == "remote")
+        except ValidationError as e:
+            raise _validation_error(e, str(path), text, [name]) from None
+    _user_settings.clear()
+    _user_settings[stamp] = found = UserSettings(**tables)
+    return found
+
+
+def user_fetch_settings() -> dict[str, Any]:
+    """The user config's [fetch] table, checked ({} where there is no config file)."""
+    return user_settings().fetch
 
 
 def remote_settings(ws: Workspace | None, overrides: dict[str, Any]) -> RemoteSection:
     """The [remote] settings: WORKSPACE.toml (none with `ws` None: what the user alone gives),
-    then the user config file, then `overrides` (command-line flags that were given)."""
+    then the user config file (checked whole: see user_settings), then `overrides` (command-line
+    flags that were given)."""
     merged = ws.model.remote.model_dump(exclude_unset=True) if ws is not None else {}
-    path = user_config_path()
-    if path.is_file():
-        data, text = _read_toml(path, str(path))
-        try:
-            merged.update(RemoteSection.model_validate(UserConfig.model_validate(data).remote)
-                          .model_dump(exclude_unset=True))
-        except ValidationError as e:
-            raise _validation_error(e, str(path), text, ["remote"]) from None
+    merged.update(user_settings().remote)
     merged.update(overrides)
     return RemoteSection.model_validate(merged)

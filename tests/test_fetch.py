@@ -323,7 +323,7 @@ def test_the_user_allows_directories_outside_the_workspace(make_ws, tmp_path):
     assert rc == 1 and "not an absolute path" in one_error(out), out
     config.write_text('[fetch]\nfile_url_dir = ["/x"]\n')
     rc, out = capped(ws3, "//p:a", env={"BGRAPH_CONFIG": str(config)})
-    assert rc == 1 and "file_url_dir" in one_error(out), out
+    assert rc == 2 and "[fetch]" in one_error(out) and "file_url_dir" in one_error(out), out  # before any action
 
 
 def test_a_device_is_refused_even_where_allowed(make_ws):

@@ -351,3 +351,26 @@ def test_genrule_outs_and_dep_names_are_checked_at_load(make_ws, outs, deps, mes
     with pytest.raises(LoadError, match=re.escape(message)) as err:
         load(ws.root)
     assert "targets/p.toml" in str(err.value) and "[y]" in str(err.value)
+
+
+def test_the_user_config_is_checked_whole_and_names_the_table(tmp_path, monkeypatch):
+    """R6 toml_nested: a typo under [fetch] passed every build that fetched no file: URL, and an
+    unknown top-level table was reported as a key of [remote]."""
+    from build_graph.workspace import remote_settings, user_settings
+
+    config = tmp_path / "config.toml"
+    monkeypatch.setenv("BGRAPH_CONFIG", str(config))
+    config.write_text('[remote]\njobs = 3\n\n[fetch]\nfile_url_dir = ["/x"]\n')
+    with pytest.raises(LoadError) as e:
+        remote_settings(None, {})  # a build reads [remote] only: [fetch] is checked all the same
+    line = e.value.render()
+    assert "unknown key 'file_url_dir'" in line and "[fetch]" in line and "config.toml:5 " in line, line
+    config.write_text('[fetchh]\nfile_url_dirs = ["/x"]\n')
+    with pytest.raises(LoadError) as e:
+        remote_settings(None, {})
+    line = e.value.render()
+    assert "unknown key 'fetchh'" in line and "[remote]" not in line, line
+    config.write_text('[remote]\njobs = 3\n\n[fetch]\nfile_url_dirs = ["/x"]\n')
+    assert remote_settings(None, {}).jobs == 3 and user_settings().fetch == {"file_url_dirs": ["/x"]}
+    config.write_text('[remote]\njobs = 5\n')  # an edit is read again (the kept copy is per stamp)
+    assert remote_settings(None, {}).jobs == 5 and user_settings().fetch == {"file_url_dirs": []}
