@@ -12,7 +12,7 @@ from bgraph_testlib import action, requires_bwrap
 from build_graph.incremental import filestate
 from build_graph.model import ActionResult, DirEntry, Digester, FileEntry, SymlinkEntry, Tree, canonical_json
 from build_graph.store.action_cache import LocalActionCache
-from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+from build_graph.store.cas import FIXED_MTIME, CorruptBlob, LocalCas, StoreError
 from build_graph.store.trace import Trace
 
 B3 = Digester("blake3")
@@ -177,6 +177,7 @@ def test_materialize(cas):
     assert root == cas.trees / tree.digest(B3)
     assert (root / "sub/g").read_bytes() == b"data"
     assert os.readlink(root / "l") == "sub/g"
+    assert os.lstat(root / "l").st_mtime == FIXED_MTIME  # R6: not when this cache made the tree
     assert (root / "e").is_dir()
     assert os.access(root / "bin/x", os.X_OK) and not os.access(root / "f", os.X_OK)
     assert stat.S_IMODE((root / "bin/x").stat().st_mode) == 0o555
@@ -252,6 +253,10 @@ def _retarget_link(root):
     (root / "l").symlink_to("f")
 
 
+def _link_made_before_its_time_was_fixed(root):
+    os.utime(root / "l", (1_700_000_000, 1_700_000_000), follow_symlinks=False)
+
+
 def _listed_dir_to_file(root):
     _writable(root)
     (root / "e").rmdir()
@@ -279,7 +284,7 @@ def _remove_implied_dir(root):
 
 
 @pytest.mark.parametrize("tamper", [_add_file, _add_empty_dir, _add_nested_dirs, _remove_file, _replace_file_same_bytes,
-                                    _retarget_link, _listed_dir_to_file, _link_to_dir, _write_through,
+                                    _retarget_link, _link_made_before_its_time_was_fixed, _listed_dir_to_file, _link_to_dir, _write_through,
                                     _remove_implied_dir])
 def test_a_materialized_tree_changed_in_place_is_not_intact(cas, tmp_path, tamper):
     """The one-pass check of a materialized copy (how the next build checks a toolchain's 10,000

@@ -8,7 +8,7 @@ import errno
 import os
 from pathlib import Path
 
-from build_graph.store.cas import copy_sparse, rmtree
+from build_graph.store.cas import FIXED_MTIME, copy_sparse, rmtree
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -89,3 +89,5 @@ class Layout:
             os.symlink(target, name, dir_fd=pfd)
         except FileExistsError:
             raise Refused(errno.EEXIST, f"{rel} is there already") from None
+        # The link's own times are every input's (a local sandbox's links have them too).
+        os.utime(name, (FIXED_MTIME, FIXED_MTIME), dir_fd=pfd, follow_symlinks=False)

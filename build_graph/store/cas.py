@@ -984,6 +984,9 @@ class LocalCas:
                     linked[before.st_dev, before.st_ino] = source
                 elif isinstance(entry, SymlinkEntry):
                     os.symlink(entry.target, target)
+                    # Its own times too, or an action that archives or lists the tree would see when
+                    # this cache made it (R6 symlink_mtime); never through the link.
+                    os.utime(target, (FIXED_MTIME, FIXED_MTIME), follow_symlinks=False)
                 else:
                     target.mkdir(exist_ok=True)
             for d, _dirs, _files in os.walk(staging, topdown=False):
@@ -1048,6 +1051,8 @@ class LocalCas:
                         elif isinstance(entry, SymlinkEntry):
                             if not de.is_symlink() or os.readlink(de.path) != entry.target:
                                 return False
+                            if de.stat(follow_symlinks=False).st_mtime != FIXED_MTIME:
+                                return False  # a link made before its time was fixed: made again
                         elif de.is_dir(follow_symlinks=False):
                             pending.append((name, de.path, True))
                         else:
