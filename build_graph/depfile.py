@@ -59,7 +59,13 @@ bgraph's own `-MD` steps: every name on a path read, and every name `__has_inclu
 (directly or through a wrapper macro), is recorded for each narrowed mount, present or not, so a
 file, directory or link of that name appearing anywhere there makes the entry stale; a file read
 with a `__has_include` of a computed name, or one that is no plain probe (an alias
-`#define HI __has_include`, a paste), keeps the mount whole.
+`#define HI __has_include`, a paste), keeps the mount whole. Three things the preprocessor needs
+and no depfile names are kept too (red team R7): a file with the bytes of a header it read
+(GCC skips a header whose size, time and bytes equal a once-only header's, `#pragma once` or
+`#import`, without naming it; in the sandbox every input has one time), the operand of
+`#pragma GCC dependency` (a name looked for), and whether each -I/-isystem/-iquote/-idirafter
+directory of the command is a directory (one missing or a file is a warning, an error under
+-Werror).
 
 nvcc compiles are not run as written: `compile_tu` decomposes them into nvcc's own steps and
 appends its own `-MD` to each preprocessing step. `nvcc_dependency_free(args)` removes nvcc's

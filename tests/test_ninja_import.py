@@ -217,6 +217,7 @@ build /bgraph/out/lib/main.o: cc /bgraph/src/tree/main.c
 default /bgraph/out/lib/main.o
 """
 _PROBE = '#if {}("new.h")\n#include "new.h"\n#else\n#define NEWV 0\n#endif\nint f(void){{return NEWV;}}\n'
+_TWINS = '#{0} "a.h"\n#{0} "b.h"\n#ifdef BV\nint f(void){{return AV + BV;}}\n#else\nint f(void){{return AV;}}\n#endif\n'
 _ASM = '__asm__(".section .rodata\\n{}\\n.text\\n");\nint f(void){{return 1;}}\n'
 # (files of proj/, then the edit): each read is one GCC's -MD depfile does not name, or names in a
 # form the parser must read right.
@@ -232,17 +233,24 @@ READS_OUTSIDE_GCC_DEPFILE = {
     "__has_include with a splice": ({"main.c": _PROBE.format("__has_inc\\\nlude")}, {"new.h": "#define NEWV 7\n"}),
     "__has_include through an alias": ({"main.c": "#define HI __has_include\n" + _PROBE.format("HI")},
                                        {"new.h": "#define NEWV 7\n"}),
+    # GCC skips a header whose bytes equal a once-only one's it read, and names it in no depfile
+    "#pragma once copy": ({"main.c": _TWINS.format("include"), "a.h": "#pragma once\n#define AV 1\n",
+                           "b.h": "#pragma once\n#define AV 1\n"}, {"b.h": "#pragma once\n#define BV 7\n"}),
+    "_Pragma(once) copy": ({"main.c": _TWINS.format("include"), "a.h": '_Pragma("once")\n#define AV 1\n',
+                            "b.h": '_Pragma("once")\n#define AV 1\n'}, {"b.h": '_Pragma("once")\n#define BV 7\n'}),
+    "#import copy": ({"main.c": _TWINS.format("import"), "a.h": "#define AV 1\n", "b.h": "#define AV 1\n"},
+                     {"b.h": "#define BV 7\n"}),
     "a backslash in a header's name": ({"main.c": '#include "a\\b.h"\n#include "ab.h"\nint f(void){return V + W;}\n',
                                         "a\\b.h": "#define V 1\n", "ab.h": "#define W 1\n"},
                                        {"a\\b.h": "#define V 2\n"}),
 }
 
 
-def host_c_ws(root: Path, cache: Path, files: dict[str, str]) -> WS:
+def host_c_ws(root: Path, cache: Path, files: dict[str, str], flags: str = "-O1") -> WS:
     import oracle_lib as ol
     ws = WS(root, cache)
     ws.write({"WORKSPACE.toml": '[workspace]\nname = "depfiles"\n', "targets/toolchains.toml": ol.TOOLCHAINS,
-              "targets/c.toml": ol.C_TARGETS, "gen/build.ninja": HOST_NINJA,
+              "targets/c.toml": ol.C_TARGETS, "gen/build.ninja": HOST_NINJA.replace("-O1", flags),
               **{f"proj/{name}": text for name, text in files.items()}})
     return ws
 
@@ -270,3 +278,38 @@ def test_an_edit_to_what_gccs_depfile_leaves_out_recompiles(case, tmp_path, cach
     assert clean.build("//c:obj").rc == 0
     obj, clean_obj = (w.root / "bgraph-out" / "c" / "obj" / "lib" / "main.o" for w in (ws, clean))
     assert obj.read_bytes() == clean_obj.read_bytes(), case
+
+
+# What a compile needs but reads nothing of (no depfile names it): gone, the compile fails, and
+# an incremental build must fail as a clean one does (red team R7).
+NEEDS_WITHOUT_READING = {
+    "#pragma GCC dependency": ("-O1", {"main.c": '#pragma GCC dependency "dep.txt"\nint f(void){return 1;}\n',
+                                       "dep.txt": "x\n"}, "dep.txt", None),
+    "-I directory removed": ("-O1 -Werror=missing-include-dirs -I/bgraph/src/tree/inc2",
+                             {"main.c": "int f(void){return 1;}\n", "inc2/notes.h": "#define N 1\n"}, "inc2", None),
+    "-I directory now a file": ("-O1 -Werror -I/bgraph/src/tree/inc2",
+                                {"main.c": "int f(void){return 1;}\n", "inc2/notes.h": "#define N 1\n"}, "inc2",
+                                "not a directory\n"),
+}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+@pytest.mark.parametrize("case", sorted(NEEDS_WITHOUT_READING))
+def test_what_a_compile_needs_without_reading_fails_incrementally_as_cleanly(case, tmp_path, cache):
+    """A `#pragma GCC dependency` operand removed, an -I directory removed under
+    -Werror=missing-include-dirs or made a file under -Werror: the compile runs again (and fails)."""
+    flags, files, removed, replacement = NEEDS_WITHOUT_READING[case]
+    ws = host_c_ws(tmp_path / "ws", cache / "host-c", files, flags)
+    run = ws.build("//c:obj")
+    assert run.rc == 0, run.output[-3000:]
+    shutil.rmtree(ws.root / "proj" / removed) if (ws.root / "proj" / removed).is_dir() else (
+        ws.root / "proj" / removed).unlink()
+    if replacement is not None:
+        (ws.root / "proj" / removed).write_text(replacement)
+    left = {k: v for k, v in files.items() if k != removed and not k.startswith(removed + "/")}
+    if replacement is not None:
+        left[removed] = replacement
+    clean = host_c_ws(tmp_path / "clean", tmp_path / "clean-cache", left, flags)
+    assert clean.build("//c:obj").rc != 0
+    run = ws.build("//c:obj")
+    assert run.rc != 0 and "compile lib/main.o" in run.output, run.output[-3000:]

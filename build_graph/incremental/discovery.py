@@ -129,6 +129,13 @@ _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*|(\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'
 _UNLEXED = re.compile(rb"(?:^|[^A-Za-z0-9_$])(?:u8|[uUL])?R\"|(?:include|include_next|import|__has_include(?:_next)?"
                       rb"[ \t]*\()[ \t]*<[^>\n]*[\"']")
 _INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
+# `#pragma GCC dependency "f"` (or `_Pragma("GCC dependency \"f\"")`) reads f's time and stops the
+# compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
+# looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
+# (a macro-made operand) makes the file opaque.
+_DEPENDENCY_WORD = re.compile(rb"(?<![A-Za-z0-9_$])dependency(?:[ \t]+(\\?\"|<))?")
+_DEPENDENCY = re.compile(rb"(?:#|%:)[ \t]*pragma[ \t]+GCC[ \t]+dependency[ \t]+(?:\"([^\"\n]+)\"|<([^>\n]+)>)"
+                         rb"|_Pragma[ \t]*\([ \t]*\"GCC[ \t]+dependency[ \t]+(?:\\\"((?:[^\"\\\n])+)\\\"|<([^>\n]+)>)")
 
 
 def _spliced(data: bytes) -> bytes:
@@ -223,23 +230,122 @@ def _components(path: str) -> list[str]:
     return [c for c in path.split("/") if c not in ("", ".", "..")]
 
 
+def _by_digest(tree: Tree) -> dict[str, tuple[str, ...]]:
+    """Digest -> every file of `tree` with those bytes (memoized on the tree)."""
+    index = tree.__dict__.get("_by_digest")
+    if index is None:
+        grouped: dict[str, list[str]] = {}
+        for p, e in tree.entries.items():
+            if isinstance(e, FileEntry):
+                grouped.setdefault(e.digest, []).append(p)
+        index = tree.__dict__["_by_digest"] = {d: tuple(ps) for d, ps in grouped.items()}
+    return index
+
+
+def _digest_at(action: Action, path: str) -> str | None:
+    """The digest of the file at sandbox `path` in any input mount (links inside it followed)."""
+    for mount, tree in action.inputs:
+        for root in _roots(action, mount):
+            if path.startswith(root + "/"):
+                entry = _followed_in(tree, path[len(root) + 1:])
+                return entry.digest if isinstance(entry, FileEntry) else None
+    return None
+
+
+# Options naming a directory the preprocessor looks in (joined, `-Idir`, or the next argument).
+_DIR_OPTIONS = ("-isystem", "-iquote", "-idirafter", "-isysroot", "--sysroot", "-I")
+
+
+def _include_dirs(argv: tuple[str, ...]) -> list[str]:
+    """The directories a compile's command line names for header lookups (also inside a shell
+    command it runs: `sh -c "gcc -Idir ..."`, as imported Ninja edges do)."""
+    from build_graph.nvcc import split_command
+
+    words: list[str] = []
+    for arg in argv:
+        words.append(arg)
+        if " " in arg or "\t" in arg:
+            try:
+                words.extend(split_command(arg))
+            except ValueError:
+                pass  # an unbalanced quote: not a command this runs
+    dirs = []
+    args = iter(words)
+    for arg in args:
+        for option in _DIR_OPTIONS:
+            if arg == option:
+                value = next(args, None)
+                if value is not None:
+                    dirs.append(value)
+                break
+            if arg.startswith(option + "=") and option == "--sysroot":
+                dirs.append(arg[len(option) + 1:])
+                break
+            if arg.startswith(option) and option != "--sysroot" and len(arg) > len(option):
+                dirs.append(arg[len(option):])
+                break
+    return dirs
+
+
+def _directories(tree: Tree) -> frozenset[str]:
+    """Every directory `tree` holds, listed or implied by what lies below it (memoized)."""
+    found = tree.__dict__.get("_directories")
+    if found is None:
+        dirs = {p for p, e in tree.entries.items() if isinstance(e, DirEntry)}
+        for p in tree.entries:
+            parent = p.rpartition("/")[0]
+            while parent and parent not in dirs:
+                dirs.add(parent)
+                parent = parent.rpartition("/")[0]
+        found = tree.__dict__["_directories"] = frozenset(dirs)
+    return found
+
+
+def _kind(tree: Tree, rel: str) -> str:
+    """What `rel` is in `tree`, links followed inside it: "dir", "file", "absent", or "link:<target>"
+    for a link that leaves the tree or loops (what a -I directory is, as GCC sees it)."""
+    if rel == "":
+        return "dir"
+    parts, hops, i = rel.split("/"), 40, 0
+    while i < len(parts):
+        here = "/".join(parts[:i + 1])
+        entry = tree.entries.get(here)
+        if isinstance(entry, SymlinkEntry):
+            joined = posixpath.normpath(posixpath.join(posixpath.dirname(here), entry.target))
+            hops -= 1
+            if hops < 0 or entry.target.startswith("/") or joined == ".." or joined.startswith("../"):
+                return f"link:{entry.target}"
+            parts = (joined.split("/") if joined != "." else []) + parts[i + 1:]
+            i = 0
+            continue
+        i += 1
+    resolved = "/".join(parts)
+    if resolved == "" or resolved in _directories(tree):
+        return "dir"
+    return "file" if isinstance(tree.entries.get(resolved), FileEntry) else "absent"
+
+
 def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     """Lookups of one file's bytes. An operand that names no file is opaque, unless it is the
     parameter of a wrapper this file defines (`#define W(_X) __has_include(_X)`, and W's own uses
     of another wrapper's parameter); so is any other use of the operator, or pieces of its name
     a paste could join (`_pasted`)."""
     names: set[str] = set()
+    dependency_opaque = False
+    if b"dependency" in data or b"dependenc" in data.replace(b"\\\n", b""):  # a splice may split the word
+        found_names, dependency_opaque = _dependencies(data)
+        names.update(found_names)
     # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
     # (A wrapper's name split by one is not looked for.)
     if b"__h" not in data and b"has_" not in data and b"s_include" not in data and not any(
             macro.encode() in data for macro in wrappers):
-        return Lookups(frozenset(), frozenset(), False, bool(_INCBIN.search(data)))
+        return Lookups(frozenset(names), frozenset(), dependency_opaque, bool(_INCBIN.search(data)))
     data = _spliced(data)
     assembles = bool(_INCBIN.search(data))
     used = [macro for macro in wrappers if macro.encode() in data]
-    opaque = _pasted(data)  # comments kept: only more pieces
+    opaque = _pasted(data) or dependency_opaque  # comments kept: only more pieces
     if b"__has_include" not in data and not used:
-        return Lookups(frozenset(), frozenset(), opaque, assembles)  # most files: nothing to look for
+        return Lookups(frozenset(names), frozenset(), opaque, assembles)  # most files: nothing to look for
     code = _code(data)
     has = b"__has_include" in code
     definitions = list(_WRAPPER.finditer(code)) if has else []
@@ -263,6 +369,24 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
                 opaque = True  # an alias, or a use the pattern does not parse
                 break
     return Lookups(frozenset(names), frozenset(wrapped.values()), opaque, assembles)
+
+
+def _dependencies(data: bytes) -> tuple[set[str], bool]:
+    """(the path components of every `#pragma GCC dependency` operand in `data`, whether a line
+    holding `pragma` and `dependency` has one these patterns do not read)."""
+    code = _code(_spliced(data))
+    names: set[str] = set()
+    parsed: set[int] = set()
+    for m in _DEPENDENCY.finditer(code):
+        operand = next(g for g in m.groups() if g is not None)
+        names.update(_components(operand.decode(errors="replace")))
+        parsed.add(code.rfind(b"\n", 0, m.start()) + 1)
+    for m in _DEPENDENCY_WORD.finditer(code):  # an operand is a quoted or <> name after the word
+        line = code.rfind(b"\n", 0, m.start()) + 1
+        end = code.find(b"\n", m.end())
+        if line not in parsed and (m.group(1) or b"pragma" in code[line:end if end >= 0 else len(code)].lower()):
+            return names, True  # a macro-made pragma (`P(GCC dependency "f")`), or one not read here
+    return names, False
 
 
 def _encode_lookups(found: Lookups) -> bytes:
@@ -447,7 +571,9 @@ class Contents:
 # names a mount held: never trusted now. Since 4, probes split by comments or line splices are
 # read, and any other use of __has_include (an alias, a paste) takes the mount whole: entries
 # of 3 may lack such a name.
-ENTRY_VERSION = 4
+# Since 5, a file with the bytes of one read is taken as read (GCC's once-only skip names no
+# file), and each -I (-isystem, ...) directory's kind is kept ("dirs"): entries of 4 lack both.
+ENTRY_VERSION = 5
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -497,6 +623,7 @@ class Discovery:
         reads: dict[str, dict[str, str]] = {m: {} for m in mounts}
         names: set[str] = set()
         whole: set[str] = set()
+        read_paths: set[str] = set()
         for depfile, by_as in [*((d, False) for d in self.depfiles), *((d, True) for d in self.assembler)]:
             deps = files.depfile(tree, depfile, hash_escaped=not by_as)
             if not deps:  # missing, not a file, or naming no file: it proves nothing (depfile.py, point 5)
@@ -520,6 +647,7 @@ class Discovery:
                     whole.update(mounts)
                 else:
                     names.update(found.names)
+            read_paths.update(paths)
             for dep, path in zip(deps, paths):
                 names.update(_components(path))
                 for mount, mtree in mounts.items():
@@ -532,6 +660,36 @@ class Discovery:
                             reads[mount][rel] = found.digest
                         elif root == mount or isinstance(found, FileEntry):
                             whole.add(mount)
+        # GCC skips a header whose size, time and bytes equal those of a once-only header it read
+        # before (`#pragma once`, `_Pragma("once")`, any file under `#import`), and no depfile
+        # names the file skipped (R7 pragma_once_*): every file of a narrowed mount with the bytes
+        # of a file the run read is taken as read too (in the sandbox every input has one time).
+        # Kept apart from "reads": an edit to such a copy is never one the run did not look at
+        # (unseen_edit), since GCC now reads the whole of it.
+        read_digests = {d for r in reads.values() for d in r.values()} | {
+            d for d in (_digest_at(action, p) for p in read_paths) if d is not None}
+        copies: dict[str, dict[str, str]] = {}
+        for mount, mtree in mounts.items():
+            if mount in whole:
+                continue
+            twins = _by_digest(mtree)
+            root = _roots(action, mount)[0]
+            for digest in read_digests & twins.keys():
+                for rel in twins[digest]:
+                    if rel not in reads[mount]:
+                        copies.setdefault(mount, {})[rel] = digest
+                        names.update(_components(f"{root}/{rel}"))
+        # Whether each directory the command line names for lookups is one: GCC warns of one that
+        # is missing or a file (an error under -Werror), and reads nothing from it (R7
+        # missing_include_dir, include_dir_now_file).
+        dirs: dict[str, dict[str, str]] = {}
+        for named in _include_dirs(action.argv):
+            path = absolute(named, action.cwd)
+            for mount, mtree in mounts.items():
+                for root in _roots(action, mount):
+                    if mount not in whole and (path == root or path.startswith(root + "/")):
+                        rel = path[len(root) + 1:] if path != root else ""
+                        dirs.setdefault(mount, {})[rel] = _kind(mtree, rel)
         for mount in whole:
             reads[mount] = {"*": mounts[mount].digest(files.digester)}
         indexes = {m: t.by_name() for m, t in mounts.items()}
@@ -543,7 +701,7 @@ class Discovery:
         entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in ordered if n in index}
                                                            for m, index in indexes.items()},
                                  "absent": {m: [n for n in ordered if n not in index] for m, index in indexes.items()},
-                                 "version": ENTRY_VERSION}
+                                 "copies": copies, "dirs": dirs, "version": ENTRY_VERSION}
         ops = self.macro_ops(action.argv)
         if ops is not None:
             record = files.macro_record(tree, self.record)
@@ -583,6 +741,22 @@ class Discovery:
                     added = sorted(set(now) - set(paths))
                     other.append(f"new file {mount}/{added[0]} may shadow an included {name}" if added
                                  else f"{name} removed from {mount}: {', '.join(sorted(set(paths) - set(now)))}")
+                    if limit and len(changed) + len(other) >= limit:
+                        return changed, other
+        for mount, recorded_copies in entry.get("copies", {}).items():
+            tree = action.input_tree(mount) if mount in self.mounts else None
+            digests = tree.file_digests() if tree is not None else {}
+            for rel, digest in recorded_copies.items():
+                if digests.get(rel) != digest:
+                    other.append(f"{mount}/{rel} (the bytes of a header the run read, which GCC skipped) changed")
+                    if limit and len(changed) + len(other) >= limit:
+                        return changed, other
+        for mount, recorded_dirs in entry.get("dirs", {}).items():
+            tree = action.input_tree(mount) if mount in self.mounts else None
+            for rel, kind in recorded_dirs.items():
+                now = _kind(tree, rel) if tree is not None else "absent"
+                if now != kind:
+                    other.append(f"include directory {mount}/{rel} was {kind}, is {now}")
                     if limit and len(changed) + len(other) >= limit:
                         return changed, other
         for mount, absent in entry.get("absent", {}).items():
