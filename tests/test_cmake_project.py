@@ -183,6 +183,29 @@ def test_files_the_configure_reads_that_cmake_does_not_list(ws, tmp_path):
     assert_equal_to_a_clean_build(ws, tmp_path)
 
 
+def test_what_the_configure_overwrites_or_removes_in_the_sources_is_built(ws, tmp_path):
+    """R7: a source the configure overwrote keeping the old time (`cp -p`, tar) and one it
+    removed (file(REMOVE)) left no trace: the compiles read the original files. What the
+    configure did to the tree is now told by content. (sum.cpp's <demo_sum_start.h> is found in
+    include/ first; removed, in sysinclude/, which the configure overwrote with 1000.)"""
+    variant = ws.root / "demo" / "variants" / "demo_sum_start.h"
+    variant.parent.mkdir()
+    variant.write_text("#pragma once\n#define DEMO_SUM_START 1000\n")
+    (ws.root / "demo" / "include" / "demo_sum_start.h").write_text("#pragma once\n#define DEMO_SUM_START 50\n")
+    cml = ws.root / "demo" / "CMakeLists.txt"
+    cml.write_text(cml.read_text().replace(
+        "set(CMAKE_CXX_STANDARD 17)",
+        'execute_process(COMMAND cp -p variants/demo_sum_start.h sysinclude/demo_sum_start.h\n'
+        '                WORKING_DIRECTORY "${CMAKE_CURRENT_SOURCE_DIR}" COMMAND_ERROR_IS_FATAL ANY)\n'
+        'file(REMOVE "${CMAKE_CURRENT_SOURCE_DIR}/include/demo_sum_start.h")\nset(CMAKE_CXX_STANDARD 17)', 1))
+    summary = build_ok(ws)
+    assert "compile CMakeFiles/demo_cpp.dir/cpp/sum.cpp.o" in ran(summary), ran(summary)
+    dll = ctypes.CDLL(str(ws.root / "bgraph-out" / "demo" / "lib" / "libdemo.so"))
+    values = (ctypes.c_int * 3)(1, 2, 3)
+    assert dll.demo_cpp_sum(values, 3) == 1006
+    assert_equal_to_a_clean_build(ws, tmp_path)
+
+
 def test_new_header_shadowing_an_include_recompiles(ws):
     # offset.cu says #include "demo_offset.cuh": its own directory is searched before include/.
     (ws.root / "demo" / "kernels" / "demo_offset.cuh").write_text(

@@ -19,6 +19,11 @@ links are hits, and an edit to an unrelated file costs one configure, not a rebu
 commands, keyed on the whole source tree themselves, run again and are cut off in turn). Only
 a sandbox that records the configure's actual reads could narrow it soundly (not built).
 
+What the configure did to its writable source copy is told by content (each file or link it
+wrote, changed or made; each it removed), never by time: a copy keeping an old time (cp -p, tar)
+was lost, and so was a removal (red team R7). Every input has one time in the sandbox, so CMake's
+own file(COPY) onto an existing source does nothing (it skips a destination of the same time).
+
 The CMake file API is not queried: its replies list a target's dependencies in an order that
 varies from run to run (the configure would not be reproducible), and Ninja's tools already
 give every edge with its command.
@@ -77,11 +82,25 @@ sed -i -E 's/ \([0-9.]+s\)$//' "$log"
 cd /bgraph/out
 "$ninja" -t compdb -x > .bgraph/compdb.json
 "$ninja" -t targets all | sed 's/: [^:]*$//' | tr '\n' '\0' | xargs -0 "$ninja" -t query > .bgraph/query.txt
-# Sources the configure wrote into the tree: everything newer than the inputs' fixed mtime.
+# What the configure did to the source tree, told by content, never by time (file(COPY), cp -p
+# and tar keep an old one: red team R7): each file or link it wrote, changed (bytes, link text,
+# executable bit) or made goes to .bgraph/generated; each it removed is listed, NUL-separated,
+# in .bgraph/removed.
 cd /bgraph/src
-find . \( -type f -o -type l \) -newermt 1980-01-02 | while read -r f; do
-  mkdir -p "/bgraph/out/.bgraph/generated/$(dirname "$f")"; cp -a "$f" "/bgraph/out/.bgraph/generated/$f"
-done
+find . \( -type f -o -type l \) -exec sh -c 'for f; do
+  o="/bgraph/in/src/$f"
+  if [ -L "$f" ]; then
+    [ -L "$o" ] && [ "$(readlink -- "$f")" = "$(readlink -- "$o")" ] && continue
+  elif [ -f "$o" ] && [ ! -L "$o" ] && { [ -x "$f" ] && [ -x "$o" ] || { [ ! -x "$f" ] && [ ! -x "$o" ]; }; } \
+       && cmp -s -- "$f" "$o"; then
+    continue
+  fi
+  mkdir -p "/bgraph/out/.bgraph/generated/${f%/*}"; cp -a -- "$f" "/bgraph/out/.bgraph/generated/$f"
+done' sh {} +
+cd /bgraph/in/src
+find . \( -type f -o -type l \) -exec sh -c 'for f; do
+  [ -e "/bgraph/src/$f" ] || [ -L "/bgraph/src/$f" ] || printf "%s\0" "$f"
+done' sh {} + > /bgraph/out/.bgraph/removed
 """
 
 
@@ -204,7 +223,11 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
         edges = graph.needed(a.outputs)
     except NinjaGraphError as e:
         raise ctx.fail(f"Ninja graph: {e}", "outputs") from None
-    src_tree = source.overlaid(out.subtree(f"{META}/generated"))
+    removed = out.entries.get(f"{META}/removed")
+    gone = {p.removeprefix("./") for p in ctx.read(removed).decode(errors="surrogateescape").split("\0") if p} \
+        if removed is not None else set()
+    src_tree = Tree({p: e for p, e in source.entries.items() if p not in gone}).overlaid(
+        out.subtree(f"{META}/generated"))
     build_tree = Tree({p: e for p, e in out.entries.items() if not p.startswith(f"{META}/")})
 
     # Round 2: every edge the wanted outputs need (ninja_import.py).
