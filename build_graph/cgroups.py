@@ -99,6 +99,7 @@ JOIN_AND_EXEC = ('while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; do
 # where it cannot leave (no cgroup file is writable in the sandbox). Killing it takes at most
 # this long; one in uninterruptible sleep past it is left to the next try (rmdir, remove_stale).
 KILL_WAIT_S = 2.0
+SETTLE_S = 0.5  # how long a process left after bwrap ended may take to show it is on its way out
 
 
 # Action groups are named "<n>" inside this process's own group: n from one counter per process,
@@ -766,13 +767,23 @@ class Accounting:
         listed = _left(group)
         if not listed:
             return 0
-        alive = len(_alive(listed))
+        alive = _alive(listed)
+        # A snapshot is not enough: bwrap's init may have taken its SIGKILL off the pending set
+        # and not yet entered its exit (no sign of either in /proc) while a busy host runs
+        # something else; a build failed so, as "outlived its sandbox" (2026-11-28). A process
+        # is counted only while it still looks alive after SETTLE_S; one that got out of the
+        # teardown stays alive, and is killed.
+        settle = time.monotonic() + SETTLE_S
+        while alive and time.monotonic() < settle:
+            time.sleep(0.002)
+            listed = _left(group)
+            alive = _alive(listed) if listed else []
         if alive:
             _kill_until_empty(group)  # a process that got out: killed, and waited for, at once
-        else:
+        elif listed:
             with self._lock:
                 self._pending.add(id(groups))
-        return alive
+        return len(alive)
 
     def wait_left(self, groups: dict[str, Path]) -> None:
         """Where kill_left without `wait` left processes on their way out: kill again and wait (at
