@@ -133,7 +133,12 @@ _INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
 # compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
 # looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
 # (a macro-made operand) makes the file opaque.
-_DEPENDENCY_WORD = re.compile(rb"(?<![A-Za-z0-9_$])dependency(?:[ \t]+(\\?\"|<))?")
+# The word with line splices anywhere in it (found before the splices are taken out, which costs a
+# pass over the file).
+_SPLIT_DEPENDENCY = re.compile(rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)*".join(bytes([c]) for c in b"dependency"))
+# (The word's literal first: a leading look-behind made `re` try every position; the character
+# before is checked by the callers, `_dependency_words`.)
+_DEPENDENCY_WORD = re.compile(rb"dependency(?:[ \t]+(\\?\"|<))?")
 _DEPENDENCY = re.compile(rb"(?:#|%:)[ \t]*pragma[ \t]+GCC[ \t]+dependency[ \t]+(?:\"([^\"\n]+)\"|<([^>\n]+)>)"
                          rb"|_Pragma[ \t]*\([ \t]*\"GCC[ \t]+dependency[ \t]+(?:\\\"((?:[^\"\\\n])+)\\\"|<([^>\n]+)>)")
 
@@ -332,8 +337,8 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     a paste could join (`_pasted`)."""
     names: set[str] = set()
     dependency_opaque = False
-    if b"dependency" in data or b"dependenc" in data.replace(b"\\\n", b""):  # a splice may split the word
-        found_names, dependency_opaque = _dependencies(data)
+    if b"dependency" in data or ((b"\\" in data or b"??/" in data) and _SPLIT_DEPENDENCY.search(data)):
+        found_names, dependency_opaque = _dependencies(_spliced(data))
         names.update(found_names)
     # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
     # (A wrapper's name split by one is not looked for.)
@@ -371,22 +376,40 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     return Lookups(frozenset(names), frozenset(wrapped.values()), opaque, assembles)
 
 
-def _dependencies(data: bytes) -> tuple[set[str], bool]:
-    """(the path components of every `#pragma GCC dependency` operand in `data`, whether a line
-    holding `pragma` and `dependency` has one these patterns do not read)."""
-    code = _code(_spliced(data))
+def _dependencies(spliced: bytes) -> tuple[set[str], bool]:
+    """(the path components of every `#pragma GCC dependency` operand in `spliced` (line splices
+    removed), whether a line holding `pragma` and `dependency` has one these patterns do not read)."""
+    if not _dependency_candidates(spliced):
+        return set(), False  # the word only in prose (comments): no need to take comments out
+    code = _code(spliced)
     names: set[str] = set()
     parsed: set[int] = set()
     for m in _DEPENDENCY.finditer(code):
         operand = next(g for g in m.groups() if g is not None)
         names.update(_components(operand.decode(errors="replace")))
         parsed.add(code.rfind(b"\n", 0, m.start()) + 1)
-    for m in _DEPENDENCY_WORD.finditer(code):  # an operand is a quoted or <> name after the word
+    for m in _dependency_words(code):  # an operand is a quoted or <> name after the word
         line = code.rfind(b"\n", 0, m.start()) + 1
         end = code.find(b"\n", m.end())
         if line not in parsed and (m.group(1) or b"pragma" in code[line:end if end >= 0 else len(code)].lower()):
             return names, True  # a macro-made pragma (`P(GCC dependency "f")`), or one not read here
     return names, False
+
+
+def _dependency_words(text: bytes):
+    """_DEPENDENCY_WORD's matches that are a whole word (no identifier character before)."""
+    return (m for m in _DEPENDENCY_WORD.finditer(text) if not m.start() or text[m.start() - 1] not in _IDENT_BYTES)
+
+
+def _dependency_candidates(text: bytes) -> bool:
+    """Whether `text` has the word `dependency` before a quoted or <> name, or on a line that
+    holds `pragma` (comments still in: a superset of what _dependencies reads)."""
+    for m in _dependency_words(text):
+        line = text.rfind(b"\n", 0, m.start()) + 1
+        end = text.find(b"\n", m.end())
+        if m.group(1) or b"pragma" in text[line:end if end >= 0 else len(text)].lower():
+            return True
+    return False
 
 
 def _encode_lookups(found: Lookups) -> bytes:
