@@ -7,6 +7,7 @@ cutoff, clear errors."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,39 @@ def test_what_a_compile_needs_without_reading_fails_incrementally_as_cleanly(cas
     assert clean.build("//c:obj").rc != 0
     run = ws.build("//c:obj")
     assert run.rc != 0 and "compile lib/main.o" in run.output, run.output[-3000:]
+
+
+LINK_NINJA = """ninja_required_version = 1.3
+rule cc
+  command = /usr/bin/gcc -MMD -MF $out.d -O1 -fPIC -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+rule link
+  command = /usr/bin/gcc -shared -Wl,--version-script=/bgraph/src/tree/exports.map $in -o $out
+build /bgraph/out/lib/main.o: cc /bgraph/src/tree/main.c
+build /bgraph/out/lib/libm.so: link /bgraph/out/lib/main.o
+default /bgraph/out/lib/libm.so
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+def test_a_link_reads_the_version_script_its_command_names(tmp_path, cache):
+    """R7 link_version_script: a link saw only what Ninja lists, so a version script of the
+    sources (CMake lists it only with LINK_DEPENDS) was missing and every build failed to link.
+    The file its command names is mounted, and an edit to it links again."""
+    import oracle_lib as ol
+    ws = WS(tmp_path / "ws", cache / "host-link")
+    ws.write({"WORKSPACE.toml": '[workspace]\nname = "link"\n', "targets/toolchains.toml": ol.TOOLCHAINS,
+              "targets/c.toml": ol.C_TARGETS, "gen/build.ninja": LINK_NINJA,
+              "proj/main.c": "int shown(void){return 1;}\nint hidden(void){return 2;}\n",
+              "proj/exports.map": "{ global: shown; local: *; };\n"})
+    run = ws.build("//c:obj")
+    assert run.rc == 0, run.output[-3000:]
+    lib = ws.root / "bgraph-out" / "c" / "obj" / "lib" / "libm.so"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert " shown" in symbols and " hidden" not in symbols, symbols
+    ws.write({"proj/exports.map": "{ global: shown; hidden; local: *; };\n"})
+    run = ws.build("//c:obj")
+    assert run.rc == 0 and ran(run.json, ("NinjaEdge",)) == ["link lib/libm.so"], ran(run.json, ("NinjaEdge",))
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert " hidden" in symbols, symbols

@@ -10,8 +10,9 @@ share. Pure planning; the graph itself comes from Ninja's own tools (ninja_graph
   project's `-MMD` is run as `-MD`, and GNU as is asked for its own depfile, `-Wa,--MD`: the
   same object); any other compile is keyed
   on everything it can read, like a custom command;
-- link and archive edges see exactly the inputs Ninja lists; custom commands see the whole
-  build directory and source tree.
+- link and archive edges see exactly the inputs Ninja lists, and the source files their command
+  names by path (a version or linker script: red team R7); custom commands see the whole build
+  directory and source tree.
 
 Every edge runs with the build directory staged into /bgraph/out (symlinks into a read-only
 mount), so its command runs verbatim, as Ninja would run it.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from build_graph.depfile import (NVCC_DEPS_ONLY, CompleteDepfile, Whole, complete_compile, nvcc_dependency_free,
                                  precompiled)
 from build_graph.incremental.discovery import Depfile
-from build_graph.model import TargetOutput, Tree
+from build_graph.model import FileEntry, TargetOutput, Tree
 from build_graph.ninja_graph import Edge, NinjaGraph, relative
 from build_graph.nvcc import split_command
 from build_graph.rules.base import BASE_ENV, OUT, SRC, Parallel, RuleContext
@@ -119,10 +120,13 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
             return done.tree
     if linking:
         # A link or archive reads what Ninja lists (objects, libraries) and the external trees
-        # (torch's libraries), never the source tree: an edit to the sources reaches it only
-        # through an object that changed.
+        # (torch's libraries), and of the source tree only the files its command names: an edit
+        # to the other sources reaches it only through an object that changed.
         seen = {m: t for m, t in s.mounts.items() if m != SRC}  # external trees hold libraries it links
         seen[STAGE] = inputs
+        named = _named_sources(edge.command, s.mounts.get(SRC))
+        if named is not None:  # a version script or linker script of the sources that Ninja does not list
+            seen[SRC] = named
     else:
         # A custom command may read anything in the sources and the build tree (it has no depfile).
         seen = everything
@@ -131,6 +135,20 @@ def _plan_edge(ctx: RuleContext, graph: NinjaGraph, edge: Edge, build_tree: Tree
         inputs=seen, outputs=edge.outputs, env=s.env, toolchain=s.toolchain, host=s.host,
         memory_mb=s.memory_mb, staged=STAGE)]
     return done.tree
+
+
+_SOURCE_PATH = re.compile(re.escape(SRC) + r"/([^\s'\"=,;:]+)")
+
+
+def _named_sources(command: str, src: Tree | None) -> Tree | None:
+    """The files of the source tree a link's command names by path (`-Wl,--version-script=...`,
+    `-T script`: CMake lists them as the link's inputs only with LINK_DEPENDS), as a tree of just
+    those; None where it names none."""
+    if src is None:
+        return None
+    named = {p: src.entries[p] for p in (m.group(1) for m in _SOURCE_PATH.finditer(command))
+             if isinstance(src.entries.get(p), FileEntry)}
+    return Tree(named) if named else None
 
 
 def _flat_name(path: str) -> str:
