@@ -129,16 +129,16 @@ _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*|(\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'
 _UNLEXED = re.compile(rb"(?:^|[^A-Za-z0-9_$])(?:u8|[uUL])?R\"|(?:include|include_next|import|__has_include(?:_next)?"
                       rb"[ \t]*\()[ \t]*<[^>\n]*[\"']")
 _INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
-# `#pragma GCC dependency "f"` (or `_Pragma("GCC dependency \"f\"")`) reads f's time and stops the
-# compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
-# looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
-# (a macro-made operand) makes the file opaque.
 # The word with line splices anywhere in it (found before the splices are taken out, which costs a
 # pass over the file).
 _SPLIT_DEPENDENCY = re.compile(rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)*".join(bytes([c]) for c in b"dependency"))
 # (The word's literal first: a leading look-behind made `re` try every position; the character
 # before is checked by the callers, `_dependency_words`.)
 _DEPENDENCY_WORD = re.compile(rb"dependency(?:[ \t]+(\\?\"|<))?")
+# `#pragma GCC dependency "f"` (or `_Pragma("GCC dependency \"f\"")`) reads f's time and stops the
+# compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
+# looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
+# (a macro-made operand) makes the file opaque.
 _DEPENDENCY = re.compile(rb"(?:#|%:)[ \t]*pragma[ \t]+GCC[ \t]+dependency[ \t]+(?:\"([^\"\n]+)\"|<([^>\n]+)>)"
                          rb"|_Pragma[ \t]*\([ \t]*\"GCC[ \t]+dependency[ \t]+(?:\\\"((?:[^\"\\\n])+)\\\"|<([^>\n]+)>)")
 
