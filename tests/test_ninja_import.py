@@ -241,6 +241,10 @@ READS_OUTSIDE_GCC_DEPFILE = {
                             "b.h": '_Pragma("once")\n#define AV 1\n'}, {"b.h": '_Pragma("once")\n#define BV 7\n'}),
     "#import copy": ({"main.c": _TWINS.format("import"), "a.h": "#define AV 1\n", "b.h": "#define AV 1\n"},
                      {"b.h": "#define BV 7\n"}),
+    "#import of a copy of a header only probed": (
+        {"main.c": '#if __has_include("h.h")\n#endif\n#import "x.h"\n#ifndef XV\n#define XV 0\n#endif\n'
+                   'int f(void){return XV;}\n',
+         "h.h": "#define XV 5\n", "x.h": "#define XV 5\n"}, {"x.h": "#define XV 6\n"}),
     "a backslash in a header's name": ({"main.c": '#include "a\\b.h"\n#include "ab.h"\nint f(void){return V + W;}\n',
                                         "a\\b.h": "#define V 1\n", "ab.h": "#define W 1\n"},
                                        {"a\\b.h": "#define V 2\n"}),
@@ -266,11 +270,12 @@ def test_an_edit_to_what_gccs_depfile_leaves_out_recompiles(case, tmp_path, cach
     files, edit = READS_OUTSIDE_GCC_DEPFILE[case]
     ws = host_c_ws(tmp_path / "ws", cache / "host-c", files)
     assert ws.build("//c:obj").rc == 0
-    # Still narrowed (but where an alias of __has_include keeps the tree whole): a file it does
+    # Still narrowed (but where an alias of __has_include or an #import keeps the tree whole): a file it does
     # not read is no reason to compile again.
     ws.write({"proj/notes.txt": "read by no compile\n"})
     run = ws.build("//c:obj")
-    assert run.rc == 0 and ran(run.json, ("NinjaCompile",)) == ([] if "alias" not in case else ["compile lib/main.o"])
+    whole = "alias" in case or "#import" in case  # an alias of __has_include, or #import: the tree whole
+    assert run.rc == 0 and ran(run.json, ("NinjaCompile",)) == ([] if not whole else ["compile lib/main.o"])
     ws.write({f"proj/{name}": text for name, text in edit.items()})
     run = ws.build("//c:obj")
     assert run.rc == 0, run.output[-3000:]
@@ -291,6 +296,16 @@ NEEDS_WITHOUT_READING = {
     "-I directory now a file": ("-O1 -Werror -I/bgraph/src/tree/inc2",
                                 {"main.c": "int f(void){return 1;}\n", "inc2/notes.h": "#define N 1\n"}, "inc2",
                                 "not a directory\n"),
+    # (R8) a missing -I directory whose parent becomes a file is a hard error, -Werror or not
+    "the parent of a missing -I directory now a file": (
+        "-O1 -I/bgraph/src/tree/p/inc", {"main.c": "int f(void){return 1;}\n", "p/notes.txt": "x\n"}, "p",
+        "not a directory\n"),
+    "-iwithprefix directory now a file": (
+        "-O1 -Werror -iprefix /bgraph/src/tree/ -iwithprefix inc2",
+        {"main.c": "int f(void){return 1;}\n", "inc2/notes.h": "#define N 1\n"}, "inc2", "not a directory\n"),
+    "#pragma GCC dependency made by _Pragma(#x), a comment before its operand": (
+        "-O1", {"main.c": '#define P(x) _Pragma(#x)\nP(GCC dependency /* c */ "dep.txt")\nint f(void){return 1;}\n',
+                "dep.txt": "x\n"}, "dep.txt", None),
 }
 
 
@@ -350,3 +365,33 @@ def test_a_link_reads_the_version_script_its_command_names(tmp_path, cache):
     assert run.rc == 0 and ran(run.json, ("NinjaEdge",)) == ["link lib/libm.so"], ran(run.json, ("NinjaEdge",))
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     assert " hidden" in symbols, symbols
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+def test_a_link_to_a_skipped_copy_retargeted_recompiles(tmp_path, cache):
+    """R8 mount_link_twin: `#include "b.h"` finds b.h, a link (made by the source genrule) to a
+    copy of the #pragma once header a.h read before; GCC skips it and names neither. The link
+    retargeted to another header: the compile runs again and equals a clean build."""
+    import oracle_lib as ol
+    targets = ol.C_TARGETS.replace('cmd = "cp -a $SRC/proj $OUT/tree"',
+                                   'cmd = "cp -a $SRC/proj $OUT/tree && chmod u+w $OUT/tree && ln -s $(cat $SRC/proj/target) $OUT/tree/b.h"')
+    twins = '#include "a.h"\n#include "b.h"\n#ifdef BV\nint f(void){return AV + BV;}\n#else\nint f(void){return AV;}\n#endif\n'
+    files = {"main.c": twins, "a.h": "#pragma once\n#define AV 1\n", "tw1.h": "#pragma once\n#define AV 1\n",
+             "tw2.h": "#pragma once\n#define BV 7\n", "target": "tw1.h"}
+
+    def ws_at(root: Path, cache_dir: Path, chosen: str) -> WS:
+        ws = WS(root, cache_dir)
+        ws.write({"WORKSPACE.toml": '[workspace]\nname = "links"\n', "targets/toolchains.toml": ol.TOOLCHAINS,
+                  "targets/c.toml": targets, "gen/build.ninja": HOST_NINJA,
+                  **{f"proj/{k}": v for k, v in {**files, "target": chosen}.items()}})
+        return ws
+
+    ws = ws_at(tmp_path / "ws", cache / "host-links", "tw1.h")
+    assert ws.build("//c:obj").rc == 0
+    ws.write({"proj/target": "tw2.h"})
+    run = ws.build("//c:obj")
+    assert run.rc == 0 and ran(run.json, ("NinjaCompile",)) == ["compile lib/main.o"], ran(run.json, ("NinjaCompile",))
+    clean = ws_at(tmp_path / "clean", tmp_path / "clean-cache", "tw2.h")
+    assert clean.build("//c:obj").rc == 0
+    obj, clean_obj = (w.root / "bgraph-out" / "c" / "obj" / "lib" / "main.o" for w in (ws, clean))
+    assert obj.read_bytes() == clean_obj.read_bytes()

@@ -132,9 +132,10 @@ _INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
 # The word with line splices anywhere in it (found before the splices are taken out, which costs a
 # pass over the file).
 _SPLIT_DEPENDENCY = re.compile(rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)*".join(bytes([c]) for c in b"dependency"))
+# The word before an operand (a quoted or <> name), blanks, comments and line breaks between.
 # (The word's literal first: a leading look-behind made `re` try every position; the character
-# before is checked by the callers, `_dependency_words`.)
-_DEPENDENCY_WORD = re.compile(rb"dependency(?:[ \t]+(\\?\"|<))?")
+# before is checked by _dependencies.)
+_DEPENDENCY_OPERAND = re.compile(rb"dependency(?:[ \t\r\n\f\v]|/\*.*?\*/|//[^\n]*)*(?:\\?[\"<])", re.S)
 # `#pragma GCC dependency "f"` (or `_Pragma("GCC dependency \"f\"")`) reads f's time and stops the
 # compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
 # looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
@@ -257,13 +258,17 @@ def _digest_at(action: Action, path: str) -> str | None:
     return None
 
 
-# Options naming a directory the preprocessor looks in (joined, `-Idir`, or the next argument).
-_DIR_OPTIONS = ("-isystem", "-iquote", "-idirafter", "-isysroot", "--sysroot", "-I")
+# Options naming a directory the preprocessor looks in (joined, `-Idir`, or the next argument);
+# -iwithprefix(before) name one below the last -iprefix.
+_DIR_OPTIONS = ("-iwithprefixbefore", "-iwithprefix", "-iprefix", "-isystem", "-iquote", "-idirafter", "-isysroot",
+                "--sysroot", "-I")
+_PATH_VARIABLES = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH")
 
 
-def _include_dirs(argv: tuple[str, ...]) -> list[str]:
+def _include_dirs(argv: tuple[str, ...], env: Any = ()) -> list[str]:
     """The directories a compile's command line names for header lookups (also inside a shell
-    command it runs: `sh -c "gcc -Idir ..."`, as imported Ninja edges do)."""
+    command it runs: `sh -c "gcc -Idir ..."`, as imported Ninja edges do), and those of its
+    environment's CPATH and the like."""
     from build_graph.nvcc import split_command
 
     words: list[str] = []
@@ -274,21 +279,28 @@ def _include_dirs(argv: tuple[str, ...]) -> list[str]:
                 words.extend(split_command(arg))
             except ValueError:
                 pass  # an unbalanced quote: not a command this runs
-    dirs = []
+    dirs: list[str] = []
+    prefix = ""
     args = iter(words)
     for arg in args:
         for option in _DIR_OPTIONS:
             if arg == option:
                 value = next(args, None)
-                if value is not None:
-                    dirs.append(value)
-                break
-            if arg.startswith(option + "=") and option == "--sysroot":
-                dirs.append(arg[len(option) + 1:])
-                break
-            if arg.startswith(option) and option != "--sysroot" and len(arg) > len(option):
-                dirs.append(arg[len(option):])
-                break
+            elif option == "--sysroot" and arg.startswith("--sysroot="):
+                value = arg[len("--sysroot="):]
+            elif option != "--sysroot" and arg.startswith(option) and len(arg) > len(option):
+                value = arg[len(option):]
+            else:
+                continue
+            if value is not None:
+                if option == "-iprefix":
+                    prefix = value
+                else:
+                    dirs.append(prefix + value if option.startswith("-iwithprefix") else value)
+            break
+    for name, value in dict(env).items():
+        if name in _PATH_VARIABLES:
+            dirs.extend(d for d in value.split(":") if d)
     return dirs
 
 
@@ -306,28 +318,63 @@ def _directories(tree: Tree) -> frozenset[str]:
     return found
 
 
-def _kind(tree: Tree, rel: str) -> str:
-    """What `rel` is in `tree`, links followed inside it: "dir", "file", "absent", or "link:<target>"
-    for a link that leaves the tree or loops (what a -I directory is, as GCC sees it)."""
-    if rel == "":
+def _links(tree: Tree) -> dict[str, str]:
+    """Path -> target of every symbolic link of `tree` (memoized)."""
+    found = tree.__dict__.get("_links")
+    if found is None:
+        found = tree.__dict__["_links"] = {p: e.target for p, e in tree.entries.items() if isinstance(e, SymlinkEntry)}
+    return found
+
+
+def _entry_at(action: Action, path: str):
+    """What the sandbox has at absolute, resolved-so-far `path`: an entry of a mount, "dir" (a
+    directory of one, or one that mounts lie below), None (nothing), or "outside" (no mount holds
+    it: a host path, which is not content)."""
+    best = None
+    for mount, tree in action.inputs:
+        for root in _roots(action, mount):
+            if (path == root or path.startswith(root + "/")) and (best is None or len(root) > len(best[0])):
+                best = (root, tree)
+    if best is None:
+        return "dir" if any(r.startswith(path.rstrip("/") + "/") for m, _t in action.inputs
+                            for r in _roots(action, m)) else "outside"
+    root, tree = best
+    rel = path[len(root) + 1:] if path != root else ""
+    if rel == "" or rel in _directories(tree):
         return "dir"
-    parts, hops, i = rel.split("/"), 40, 0
-    while i < len(parts):
-        here = "/".join(parts[:i + 1])
-        entry = tree.entries.get(here)
-        if isinstance(entry, SymlinkEntry):
-            joined = posixpath.normpath(posixpath.join(posixpath.dirname(here), entry.target))
-            hops -= 1
-            if hops < 0 or entry.target.startswith("/") or joined == ".." or joined.startswith("../"):
-                return f"link:{entry.target}"
-            parts = (joined.split("/") if joined != "." else []) + parts[i + 1:]
-            i = 0
+    return tree.entries.get(rel)
+
+
+def _kind_at(action: Action, path: str) -> str:
+    """What the directory a command names is, as the kernel resolves it in the sandbox (links
+    followed across mounts, `..` after a link taken from where the link leads): "dir", "file",
+    "notdir" (a file on the way: a hard error), "absent", "loop", or "outside" (a host path)."""
+    comps = [c for c in path.split("/") if c not in ("", ".")]
+    cur: list[str] = []
+    hops = 40
+    while comps:
+        c = comps.pop(0)
+        if c == "..":
+            if cur:
+                cur.pop()
             continue
-        i += 1
-    resolved = "/".join(parts)
-    if resolved == "" or resolved in _directories(tree):
-        return "dir"
-    return "file" if isinstance(tree.entries.get(resolved), FileEntry) else "absent"
+        found = _entry_at(action, "/" + "/".join([*cur, c]))
+        if found == "outside":
+            return "outside"
+        if isinstance(found, SymlinkEntry):
+            hops -= 1
+            if hops < 0:
+                return "loop"
+            if found.target.startswith("/"):
+                cur = []
+            comps = [x for x in found.target.split("/") if x not in ("", ".")] + comps
+            continue
+        if found is None:
+            return "absent"
+        if isinstance(found, FileEntry):
+            return "notdir" if comps else "file"
+        cur.append(c)
+    return "dir"
 
 
 def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
@@ -336,10 +383,11 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     of another wrapper's parameter); so is any other use of the operator, or pieces of its name
     a paste could join (`_pasted`)."""
     names: set[str] = set()
-    dependency_opaque = False
+    dependency_opaque = _imports(data)  # GCC skips any later file with the bytes of one #imported (R8)
     if b"dependency" in data or ((b"\\" in data or b"??/" in data) and _SPLIT_DEPENDENCY.search(data)):
-        found_names, dependency_opaque = _dependencies(_spliced(data))
+        found_names, opaque_pragma = _dependencies(_spliced(data))
         names.update(found_names)
+        dependency_opaque = dependency_opaque or opaque_pragma
     # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
     # (A wrapper's name split by one is not looked for.)
     if b"__h" not in data and b"has_" not in data and b"s_include" not in data and not any(
@@ -378,38 +426,39 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
 
 def _dependencies(spliced: bytes) -> tuple[set[str], bool]:
     """(the path components of every `#pragma GCC dependency` operand in `spliced` (line splices
-    removed), whether a line holding `pragma` and `dependency` has one these patterns do not read)."""
-    if not _dependency_candidates(spliced):
-        return set(), False  # the word only in prose (comments): no need to take comments out
-    code = _code(spliced)
+    removed), whether the word stands before a name in another form: a macro may make the pragma
+    of it (`_Pragma(#x)` with a comment or a line break before the operand: R8), so nothing can be
+    told). Looked at where the word is, never by taking every comment out of the file."""
     names: set[str] = set()
-    parsed: set[int] = set()
-    for m in _DEPENDENCY.finditer(code):
-        operand = next(g for g in m.groups() if g is not None)
+    for m in _DEPENDENCY_OPERAND.finditer(spliced):
+        if m.start() and spliced[m.start() - 1] in _IDENT_BYTES:
+            continue
+        line = spliced.rfind(b"\n", 0, m.start()) + 1
+        end = spliced.find(b"\n", m.start())
+        parsed = next((p for p in _DEPENDENCY.finditer(spliced, line, end if end >= 0 else len(spliced))
+                       if p.start() <= m.start() < p.end()), None)
+        if parsed is None:
+            return names, True
+        operand = next(g for g in parsed.groups() if g is not None)
         names.update(_components(operand.decode(errors="replace")))
-        parsed.add(code.rfind(b"\n", 0, m.start()) + 1)
-    for m in _dependency_words(code):  # an operand is a quoted or <> name after the word
-        line = code.rfind(b"\n", 0, m.start()) + 1
-        end = code.find(b"\n", m.end())
-        if line not in parsed and (m.group(1) or b"pragma" in code[line:end if end >= 0 else len(code)].lower()):
-            return names, True  # a macro-made pragma (`P(GCC dependency "f")`), or one not read here
     return names, False
 
 
-def _dependency_words(text: bytes):
-    """_DEPENDENCY_WORD's matches that are a whole word (no identifier character before)."""
-    return (m for m in _DEPENDENCY_WORD.finditer(text) if not m.start() or text[m.start() - 1] not in _IDENT_BYTES)
+_IMPORT = re.compile(rb"(?:#|%:)[ \t]*import(?![A-Za-z0-9_$])")
+_SPLICE = rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)"
+# `#import` in the file's own bytes: blanks, comments or line splices between `#` and the word,
+# splices inside it (a superset: the match may lie in a comment).
+_IMPORT_ANYHOW = re.compile(rb"(?:#|%:|\?\?=)(?:[ \t]|/\*.*?\*/|" + _SPLICE + rb")*"
+                            + (_SPLICE + b"*").join(bytes([c]) for c in b"import") + rb"(?![A-Za-z0-9_$])", re.S)
 
 
-def _dependency_candidates(text: bytes) -> bool:
-    """Whether `text` has the word `dependency` before a quoted or <> name, or on a line that
-    holds `pragma` (comments still in: a superset of what _dependencies reads)."""
-    for m in _dependency_words(text):
-        line = text.rfind(b"\n", 0, m.start()) + 1
-        end = text.find(b"\n", m.end())
-        if m.group(1) or b"pragma" in text[line:end if end >= 0 else len(text)].lower():
-            return True
-    return False
+def _imports(data: bytes) -> bool:
+    """Whether `data` has an `#import` directive (comments and line splices taken out first)."""
+    if b"mport" not in data and b"\\" not in data and b"??/" not in data:
+        return False
+    if not _IMPORT_ANYHOW.search(data):
+        return False
+    return bool(_IMPORT.search(_code(_spliced(data))))
 
 
 def _encode_lookups(found: Lookups) -> bytes:
@@ -594,9 +643,11 @@ class Contents:
 # names a mount held: never trusted now. Since 4, probes split by comments or line splices are
 # read, and any other use of __has_include (an alias, a paste) takes the mount whole: entries
 # of 3 may lack such a name.
-# Since 5, a file with the bytes of one read is taken as read (GCC's once-only skip names no
-# file), and each -I (-isystem, ...) directory's kind is kept ("dirs"): entries of 4 lack both.
-ENTRY_VERSION = 5
+# Since 6, a file with the bytes of one read is taken as read (GCC's once-only skip names no
+# file: "copies"), each -I (-isystem, CPATH, ...) directory's kind is kept ("dirs"), and so is
+# every link of a narrowed mount ("links"); a file with `#import` keeps the mount whole:
+# entries of 4 lack all of them.
+ENTRY_VERSION = 6
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -702,17 +753,16 @@ class Discovery:
                     if rel not in reads[mount]:
                         copies.setdefault(mount, {})[rel] = digest
                         names.update(_components(f"{root}/{rel}"))
-        # Whether each directory the command line names for lookups is one: GCC warns of one that
-        # is missing or a file (an error under -Werror), and reads nothing from it (R7
-        # missing_include_dir, include_dir_now_file).
-        dirs: dict[str, dict[str, str]] = {}
-        for named in _include_dirs(action.argv):
-            path = absolute(named, action.cwd)
-            for mount, mtree in mounts.items():
-                for root in _roots(action, mount):
-                    if mount not in whole and (path == root or path.startswith(root + "/")):
-                        rel = path[len(root) + 1:] if path != root else ""
-                        dirs.setdefault(mount, {})[rel] = _kind(mtree, rel)
+        # Whether each directory the command line (or CPATH) names for lookups is one: GCC warns
+        # of one that is missing or a file (an error under -Werror), fails where a file lies on
+        # its way, and reads nothing from it (R7, R8): kept by its path as given against the cwd
+        # (never normalised: `lnk/../x` leaves where lnk leads), resolved in the sandbox.
+        dirs = {path: _kind_at(action, path) for path in sorted(
+            {named if named.startswith("/") else posixpath.join(action.cwd, named)
+             for named in _include_dirs(action.argv, action.env)})}
+        # Every link of each narrowed mount: a lookup that went through one to a file GCC then
+        # skipped (a once-only copy) left no name of the link in the depfile (R8 mount_link_twin).
+        links = {m: dict(_links(t)) for m, t in mounts.items() if m not in whole and _links(t)}
         for mount in whole:
             reads[mount] = {"*": mounts[mount].digest(files.digester)}
         indexes = {m: t.by_name() for m, t in mounts.items()}
@@ -724,7 +774,7 @@ class Discovery:
         entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in ordered if n in index}
                                                            for m, index in indexes.items()},
                                  "absent": {m: [n for n in ordered if n not in index] for m, index in indexes.items()},
-                                 "copies": copies, "dirs": dirs, "version": ENTRY_VERSION}
+                                 "copies": copies, "dirs": dirs, "links": links, "version": ENTRY_VERSION}
         ops = self.macro_ops(action.argv)
         if ops is not None:
             record = files.macro_record(tree, self.record)
@@ -774,14 +824,19 @@ class Discovery:
                     other.append(f"{mount}/{rel} (the bytes of a header the run read, which GCC skipped) changed")
                     if limit and len(changed) + len(other) >= limit:
                         return changed, other
-        for mount, recorded_dirs in entry.get("dirs", {}).items():
-            tree = action.input_tree(mount) if mount in self.mounts else None
-            for rel, kind in recorded_dirs.items():
-                now = _kind(tree, rel) if tree is not None else "absent"
-                if now != kind:
-                    other.append(f"include directory {mount}/{rel} was {kind}, is {now}")
-                    if limit and len(changed) + len(other) >= limit:
-                        return changed, other
+        for path, kind in entry.get("dirs", {}).items():
+            now = _kind_at(action, path)
+            if now != kind:
+                other.append(f"include directory {path} was {kind}, is {now}")
+                if limit and len(changed) + len(other) >= limit:
+                    return changed, other
+        for mount, recorded_links in entry.get("links", {}).items():
+            now_links = _links(action.input_tree(mount)) if mount in self.mounts else {}
+            if not recorded_links.items() <= now_links.items():
+                gone = sorted(p for p, t in recorded_links.items() if now_links.get(p) != t)
+                other.append(f"link {mount}/{gone[0]} changed")
+                if limit and len(changed) + len(other) >= limit:
+                    return changed, other
         for mount, absent in entry.get("absent", {}).items():
             index = action.input_tree(mount).by_name() if mount in self.mounts else {}
             for name in sorted(index.keys() & set(absent)):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from build_graph.model import TargetOutput, Tree
+from build_graph.model import FileEntry, TargetOutput, Tree
 from build_graph.ninja_graph import NinjaGraphError, load_graph
 from build_graph.rules.base import (
     OUT,
@@ -97,10 +97,14 @@ find . \( -type f -o -type l \) -exec sh -c 'for f; do
   fi
   mkdir -p "/bgraph/out/.bgraph/generated/${f%/*}"; cp -a -- "$f" "/bgraph/out/.bgraph/generated/$f"
 done' sh {} +
-cd /bgraph/in/src
-find . \( -type f -o -type l \) -exec sh -c 'for f; do
-  [ -e "/bgraph/src/$f" ] || [ -L "/bgraph/src/$f" ] || printf "%s\0" "$f"
-done' sh {} + > /bgraph/out/.bgraph/removed
+find . -type d -empty -exec sh -c 'for d; do
+  [ -d "/bgraph/in/src/$d" ] && [ ! -L "/bgraph/in/src/$d" ] || mkdir -p "/bgraph/out/.bgraph/generated/$d"
+done' sh {} +
+# Removed: every file or link of the original that is no file or link at its path now (a file made a
+# directory, a directory made a link: `find` follows no link, so what lies below one is gone too).
+(cd /bgraph/in/src && find . \( -type f -o -type l \) -print0 | LC_ALL=C sort -z) > /tmp/orig.list
+(cd /bgraph/src && find . \( -type f -o -type l \) -print0 | LC_ALL=C sort -z) > /tmp/now.list
+LC_ALL=C comm -z -23 /tmp/orig.list /tmp/now.list > /bgraph/out/.bgraph/removed
 """
 
 
@@ -226,8 +230,11 @@ def plan_cmake_project(ctx: RuleContext) -> PlanGen:
     removed = out.entries.get(f"{META}/removed")
     gone = {p.removeprefix("./") for p in ctx.read(removed).decode(errors="surrogateescape").split("\0") if p} \
         if removed is not None else set()
-    src_tree = Tree({p: e for p, e in source.entries.items() if p not in gone}).overlaid(
-        out.subtree(f"{META}/generated"))
+    generated = out.subtree(f"{META}/generated")
+    # What the configure made a directory or a link now holds nothing of the original below it.
+    replaced = tuple(p + "/" for p, e in generated.entries.items() if not isinstance(e, FileEntry))
+    src_tree = Tree({p: e for p, e in source.entries.items()
+                     if p not in gone and not p.startswith(replaced)}).overlaid(generated)
     build_tree = Tree({p: e for p, e in out.entries.items() if not p.startswith(f"{META}/")})
 
     # Round 2: every edge the wanted outputs need (ninja_import.py).
