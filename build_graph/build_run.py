@@ -393,6 +393,11 @@ class BuildRun:
             return
         tree, result, key = fut.result()
         differs = cached_tree is not None and tree != cached_tree
+        if differs:
+            # --check filed another result under a key the cache held: a no-op record or memo of
+            # any request may have taken the old one, and none of them may hold now (R9).
+            from build_graph.store.uptodate import bump_generation
+            bump_generation(self.e.cas.layout_root)
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
                                          result.duration_s, differs, result.peak_mb, result.cpu_s))
         self.e.peaks.record(f"{label} {action.name}", result.peak_mb)

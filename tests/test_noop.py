@@ -295,6 +295,25 @@ def test_a_check_build_drops_the_record_it_relinks_over(make_ws):
     assert ws.read_output("//p:b", "b.txt").strip() == "2"
 
 
+def test_a_check_that_replaces_a_result_drops_every_record_of_the_cache(make_ws):
+    """R9 check_other_request: --check re-ran a non-reproducible //p:n and filed its other
+    output; the record of another request (//p:c, built from n) still answered "up to date"
+    with c made from the old n, as did its memo after an edit. A replaced result now makes every
+    record and memo of the cache stop holding."""
+    ws = make_ws({**FILES, "targets/p.toml": FILES["targets/p.toml"] +
+                  '\n[n]\nkind = "genrule"\nsrcs = ["srcs/x.txt"]\nouts = ["n.txt"]\ncmd = "date +%N > $OUT/n.txt"\n'
+                  '\n[c]\nkind = "genrule"\nouts = ["c.txt"]\ndeps = { n = ":n", a = ":a" }\n'
+                  'cmd = "cat $IN_N/n.txt $IN_A/a.txt > $OUT/c.txt"\n'})
+    age(ws.root)
+    build(ws, "//p:c")
+    assert UP_TO_DATE in build(ws, "//p:c").stderr  # the record holds
+    checked = ws.cli("build", "--check", "//p:n")
+    assert "n.txt" in checked.output or checked.rc != 0  # it differs (random bytes)
+    again = build(ws, "//p:c")
+    assert UP_TO_DATE not in again.stderr
+    assert ws.read_output("//p:c", "c.txt").startswith(ws.read_output("//p:n", "n.txt"))
+
+
 def test_a_link_another_build_repointed_is_not_put_back(make_ws):
     """A record whose bgraph-out link another request re-pointed does not hold: the link is that
     build's, and only a full path may decide what it should lead to."""
