@@ -25,6 +25,7 @@ from build_graph.rebuilder import Hit, Miss
 from build_graph.scheduler import Later, Scheduler
 from build_graph.store.memo import Entry, definition_of, encode_node
 from build_graph.store.trace import trace_bytes
+from build_graph.store.uptodate import bump_generation
 
 
 @dataclass
@@ -396,7 +397,6 @@ class BuildRun:
         if differs:
             # --check filed another result under a key the cache held: a no-op record or memo of
             # any request may have taken the old one, and none of them may hold now (R9).
-            from build_graph.store.uptodate import bump_generation
             bump_generation(self.e.cas.layout_root)
         self._record(state, ActionRecord(str(label), action.name, action.mnemonic, key, "executed", reason,
                                          result.duration_s, differs, result.peak_mb, result.cpu_s))

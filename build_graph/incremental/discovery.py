@@ -122,24 +122,31 @@ def _pasted(data: bytes, commented: bool = False) -> bool:
     return False
 
 
-_SPLICES = re.compile(rb"(?:\\|\?\?/)[ \t\f\v]*\r?\n")  # a trigraph `??/` is a backslash where trigraphs are on
+_SPLICE = rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)"  # a trigraph `??/` is a backslash where trigraphs are on
+_SPLICES = re.compile(_SPLICE)
 _COMMENT = re.compile(rb"/\*.*?\*/|//[^\n]*|(\"(?:\\.|[^\"\\\n])*\"?|'(?:\\.|[^'\\\n])*'?)", re.S)
 # Where the comment pattern could take a literal for a comment's start: a raw string, a quote in
 # a header name (`<a".h>`). Such a file is matched with its comments in it.
 _UNLEXED = re.compile(rb"(?:^|[^A-Za-z0-9_$])(?:u8|[uUL])?R\"|(?:include|include_next|import|__has_include(?:_next)?"
                       rb"[ \t]*\()[ \t]*<[^>\n]*[\"']")
 _INCBIN = re.compile(rb"\.incbin\b", re.I)  # GAS directives ignore case
-# The word with line splices anywhere in it (found before the splices are taken out, which costs a
-# pass over the file).
-_SPLIT_DEPENDENCY = re.compile(rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)*".join(bytes([c]) for c in b"dependency"))
+
+
+def _split_word(word: bytes) -> bytes:
+    """A pattern of `word` with line splices anywhere in it: found before the splices are taken
+    out, which costs a pass over the file."""
+    return (_SPLICE + b"*").join(bytes([c]) for c in word)
+
+
+_SPLIT_DEPENDENCY = re.compile(_split_word(b"dependency"))
 # The word before an operand (a quoted or <> name), blanks, comments and line breaks between.
 # (The word's literal first: a leading look-behind made `re` try every position; the character
 # before is checked by _dependencies.)
 _DEPENDENCY_OPERAND = re.compile(rb"dependency(?:[ \t\r\n\f\v]|/\*.*?\*/|//[^\n]*)*(?:\\?[\"<])", re.S)
 # `#pragma GCC dependency "f"` (or `_Pragma("GCC dependency \"f\"")`) reads f's time and stops the
 # compile where f is missing, and no depfile names f (R7 pragma_dependency): its operand is a name
-# looked for, as __has_include's is. A line that holds `pragma` and `dependency` in another form
-# (a macro-made operand) makes the file opaque.
+# looked for, as __has_include's is. The word before an operand in any other form (a macro-made
+# pragma, `_Pragma(#x)`) makes the file opaque (_dependencies).
 _DEPENDENCY = re.compile(rb"(?:#|%:)[ \t]*pragma[ \t]+GCC[ \t]+dependency[ \t]+(?:\"([^\"\n]+)\"|<([^>\n]+)>)"
                          rb"|_Pragma[ \t]*\([ \t]*\"GCC[ \t]+dependency[ \t]+(?:\\\"((?:[^\"\\\n])+)\\\"|<([^>\n]+)>)")
 
@@ -241,21 +248,10 @@ def _by_digest(tree: Tree) -> dict[str, tuple[str, ...]]:
     index = tree.__dict__.get("_by_digest")
     if index is None:
         grouped: dict[str, list[str]] = {}
-        for p, e in tree.entries.items():
-            if isinstance(e, FileEntry):
-                grouped.setdefault(e.digest, []).append(p)
+        for p, d in tree.file_digests().items():
+            grouped.setdefault(d, []).append(p)
         index = tree.__dict__["_by_digest"] = {d: tuple(ps) for d, ps in grouped.items()}
     return index
-
-
-def _digest_at(action: Action, path: str) -> str | None:
-    """The digest of the file at sandbox `path` in any input mount (links inside it followed)."""
-    for mount, tree in action.inputs:
-        for root in _roots(action, mount):
-            if path.startswith(root + "/"):
-                entry = _followed_in(tree, path[len(root) + 1:])
-                return entry.digest if isinstance(entry, FileEntry) else None
-    return None
 
 
 # Options naming a directory the preprocessor looks in (joined, `-Idir`, or the next argument);
@@ -383,20 +379,20 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     of another wrapper's parameter); so is any other use of the operator, or pieces of its name
     a paste could join (`_pasted`)."""
     names: set[str] = set()
-    dependency_opaque = _imports(data)  # GCC skips any later file with the bytes of one #imported (R8)
+    opaque = _imports(data)  # GCC skips any later file with the bytes of one #imported (R8)
     if b"dependency" in data or ((b"\\" in data or b"??/" in data) and _SPLIT_DEPENDENCY.search(data)):
         found_names, opaque_pragma = _dependencies(_spliced(data))
         names.update(found_names)
-        dependency_opaque = dependency_opaque or opaque_pragma
+        opaque = opaque or opaque_pragma
     # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
     # (A wrapper's name split by one is not looked for.)
     if b"__h" not in data and b"has_" not in data and b"s_include" not in data and not any(
             macro.encode() in data for macro in wrappers):
-        return Lookups(frozenset(names), frozenset(), dependency_opaque, bool(_INCBIN.search(data)))
+        return Lookups(frozenset(names), frozenset(), opaque, bool(_INCBIN.search(data)))
     data = _spliced(data)
     assembles = bool(_INCBIN.search(data))
     used = [macro for macro in wrappers if macro.encode() in data]
-    opaque = _pasted(data) or dependency_opaque  # comments kept: only more pieces
+    opaque = _pasted(data) or opaque  # comments kept: only more pieces
     if b"__has_include" not in data and not used:
         return Lookups(frozenset(names), frozenset(), opaque, assembles)  # most files: nothing to look for
     code = _code(data)
@@ -445,11 +441,10 @@ def _dependencies(spliced: bytes) -> tuple[set[str], bool]:
 
 
 _IMPORT = re.compile(rb"(?:#|%:)[ \t]*import(?![A-Za-z0-9_$])")
-_SPLICE = rb"(?:(?:\\|\?\?/)[ \t\f\v]*\r?\n)"
 # `#import` in the file's own bytes: blanks, comments or line splices between `#` and the word,
 # splices inside it (a superset: the match may lie in a comment).
 _IMPORT_ANYHOW = re.compile(rb"(?:#|%:|\?\?=)(?:[ \t]|/\*.*?\*/|" + _SPLICE + rb")*"
-                            + (_SPLICE + b"*").join(bytes([c]) for c in b"import") + rb"(?![A-Za-z0-9_$])", re.S)
+                            + _split_word(b"import") + rb"(?![A-Za-z0-9_$])", re.S)
 
 
 def _imports(data: bytes) -> bool:
@@ -741,7 +736,7 @@ class Discovery:
         # Kept apart from "reads": an edit to such a copy is never one the run did not look at
         # (unseen_edit), since GCC now reads the whole of it.
         read_digests = {d for r in reads.values() for d in r.values()} | {
-            d for d in (_digest_at(action, p) for p in read_paths) if d is not None}
+            key for key in (files._locate(action, p)[0] for p in read_paths) if key and not key.startswith("/")}
         copies: dict[str, dict[str, str]] = {}
         for mount, mtree in mounts.items():
             if mount in whole:
