@@ -16,8 +16,14 @@ Per action, the overhead is the client's wall from taking the action up to its r
 (input root, uploads, BuildGrid's queue and lease, the worker's staging and upload, fetching the
 outputs back) less the process's own run on the worker (ExecutedActionMetadata).
 
+With --local-cold the local build is made in the same run: CACHE is wiped, the label's inputs are
+built untimed (downloads, toolchains, torch, the patched source), then the label is built locally,
+timed, `-j2 --profile`; the local wall of the REBUILD targets' actions (first start to last end in
+that profile) stands beside the remote run's wall of the same actions.
+
 Usage: python3 bench/remote_vllm.py --cache /var/tmp/vllm-cache --workspace /var/tmp/vllm-ws \\
          --work /var/tmp/rvllm [--label //wheels:vllm-sm121] [--rebuild //vllm:build-sm121,//wheels:vllm-sm121]
+         [--local-cold]
 """
 
 from __future__ import annotations
@@ -105,6 +111,40 @@ def move_back(cache: Path, aside: Path) -> int:
     return back
 
 
+def span_of(profile: dict, labels: list[str]) -> dict:
+    """First start to last end (s) of the profile's actions whose target is one of `labels`, and
+    how many there were."""
+    events = [e for e in profile["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "action"
+              and any(e["name"].startswith(label + " ") for label in labels)]
+    if not events:
+        return {"actions": 0, "wall_s": 0.0}
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    return {"actions": len(events), "wall_s": round((end - start) / 1e6, 1)}
+
+
+def build_local_cold(args: argparse.Namespace, suffix: str) -> dict:
+    """The local side of the run: a wiped cache, the label's inputs untimed, then the label timed."""
+    shutil.rmtree(args.cache, ignore_errors=True)
+    rebuild = args.rebuild.split(",")
+    listed = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(args.workspace), "--cache-dir",
+                             str(args.cache), "query", "--output", "json",
+                             f"deps({args.label})"], capture_output=True, text=True, cwd=REPO, check=True)
+    deps = [t["label"] for t in json.loads(listed.stdout)["targets"] if t["label"] not in rebuild]
+    t0 = time.monotonic()
+    bgraph(args.workspace, args.cache, "-j2", "--platform", args.platform, *deps)
+    inputs_s = time.monotonic() - t0
+    profile = args.work / "local-profile.json"
+    t0 = time.monotonic()
+    summary = bgraph(args.workspace, args.cache, "-j2", "--platform", args.platform, "--profile", str(profile),
+                     args.label)
+    wall = time.monotonic() - t0
+    ran = [a for a in summary["actions"] if a["status"] == "executed"]
+    return {"inputs_untimed_s": round(inputs_s, 1), "wall_s": round(wall, 1), "executed": len(ran),
+            "process_s": round(sum(a.get("duration_s") or 0 for a in ran), 1), "cpu_s": summary.get("cpu_s"),
+            "rebuild_span": span_of(json.loads(profile.read_text()), [label + suffix for label in rebuild])}
+
+
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
@@ -136,17 +176,28 @@ def main() -> int:
     ap.add_argument("--remote-jobs", default="2", help="in flight at once (default: the workers' slots)")
     ap.add_argument("--resume", action="store_true",
                     help="go on after a run that stopped: the actions it ran remotely are kept, the rest run")
+    ap.add_argument("--local-cold", action="store_true",
+                    help="wipe CACHE and make the local build in this run, timed (the side-by-side wall)")
     args = ap.parse_args()
     if missing_reason():
         sys.exit(missing_reason())
     suffix = f" ({args.platform})"
+    local_cold = None
+    if args.local_cold:
+        shutil.rmtree(args.work, ignore_errors=True)
+        args.work.mkdir(parents=True)
+        local_cold = build_local_cold(args, suffix)
+        print("local", json.dumps(local_cold), flush=True)
+        (args.work / "local.json").write_text(json.dumps(local_cold, indent=1))
     local = bgraph(args.workspace, args.cache, "--platform", args.platform, args.label)
     if local["executed"]:
         sys.exit(f"{args.label} is not built in {args.cache} by this commit ({local['executed']} actions ran)")
     [local_out] = local["outputs"].values()
     local_wheels = wheel_digests(Path(local_out))
     aside = args.work / "aside"
-    shutil.rmtree(args.work if not args.resume else args.work / "stack", ignore_errors=True)
+    shutil.rmtree(args.work / "stack" if args.resume or local_cold else args.work, ignore_errors=True)
+    if local_cold:
+        shutil.rmtree(aside, ignore_errors=True)
     moved = move_aside(args.cache, aside, [label + suffix for label in args.rebuild.split(",")])
     report: dict = {"label": args.label, "platform": args.platform, "moved_entries": moved}
     stack = ExecStack(args.work / "stack", workers=0)
@@ -166,6 +217,10 @@ def main() -> int:
                         "--remote-jobs", args.remote_jobs, "--profile", str(args.work / "profile.json"),
                         "--check-against", str(aside), args.label)
         report["wall_s"] = round(time.monotonic() - t0, 1)
+        if local_cold:
+            report["local_cold"] = local_cold
+            report["remote_span"] = span_of(json.loads((args.work / "profile.json").read_text()),
+                                            [label + suffix for label in args.rebuild.split(",")])
     finally:
         stack.stop()
         report["moved_back"] = move_back(args.cache, aside)
