@@ -2,7 +2,8 @@
 (ENOSYS) and no tracing (EPERM) inside a sandbox, on every path that starts one: the direct
 start, a spare, `bgraph exec`'s, the host tool version probe, a remote worker's lease, and a
 genrule built by bgraph (red-team R2 holes 1 and 2: an action read the login's session keyring
-and left keys later actions read; it ptraced the sandbox's init and outlived bgraph). Real
+and left keys later actions read; it ptraced the sandbox's init and outlived bgraph; R10: it took
+init's exit-status eventfd with pidfd_getfd and forged a success). Real
 bubblewrap; the probe program is built by the host's gcc."""
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ int main(void) {
     if (r == 0) let_go();
     SHOW("process_vm_readv", syscall(SYS_process_vm_readv, getpid(), &here, 1, &there, 1, 0));
     SHOW("process_vm_writev", syscall(SYS_process_vm_writev, getpid(), &there, 1, &here, 1, 0));
+    /* init's descriptors (its exit-status eventfd among them): pidfd_open itself stays allowed. */
+    int init = (int)syscall(SYS_pidfd_open, 1, 0);
+    SHOW("pidfd_getfd", init < 0 ? init : syscall(SYS_pidfd_getfd, init, 0, 0));
 #if defined(__x86_64__)
     /* The i386 ABI (int 0x80) from a 64-bit process: its own numbers, the same rules. */
     long k;
@@ -76,7 +80,7 @@ int main(void) {
 """
 
 EXPECTED = ("keyctl=ENOSYS add_key=ENOSYS request_key=ENOSYS ptrace=EPERM process_vm_readv=EPERM "
-            "process_vm_writev=EPERM " + ("i386_keyctl=ENOSYS i386_ptrace=EPERM " if platform.machine() == "x86_64"
+            "process_vm_writev=EPERM pidfd_getfd=EPERM " + ("i386_keyctl=ENOSYS i386_ptrace=EPERM " if platform.machine() == "x86_64"
                                           else "") + "done")
 
 

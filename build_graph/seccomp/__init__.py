@@ -9,6 +9,9 @@ Two things a sandboxed action could otherwise do with plain syscalls (red-team R
 - tracing: the sandbox's PID 1 (bwrap's init) runs as the action's uid, so an action could
   ptrace it and clear its parent-death signal, outliving Ctrl-C and bgraph's own death.
   ptrace, process_vm_readv and process_vm_writev fail with EPERM (no build tool traces).
+  So does pidfd_getfd (red-team R10): the same access to another process, through which an action
+  took the eventfd on which bwrap's init reports the command's exit status, and wrote a forged 0:
+  bwrap ended "successfully" while the command was still running or had failed.
 
 Every other syscall is allowed. The program checks the ABI first: on x86_64 the 64-bit, i386
 (int 0x80) and x32 ABIs each get the same rules (a 32-bit program still runs, and cannot reach
@@ -35,7 +38,7 @@ from pathlib import Path
 from build_graph.errors import SandboxError
 
 ENOSYS_CALLS = ("add_key", "request_key", "keyctl")
-EPERM_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev")
+EPERM_CALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
 
 # Per machine (uname -m): the ABIs the program filters, each by libseccomp's name for it; the
 # first is the native one.
