@@ -89,7 +89,8 @@ def _names(rest: str, hash_escaped: bool) -> list[str]:
     GNU as's `--MD` writes `#` as it is); `$` is written `$$`. Every other backslash is literal
     (`a\\b.h` names a\\b.h). Ninja's depfile parser reads them the same way."""
     if "\\" not in rest:
-        return [w.replace("$$", "$") if "$$" in w else w for w in rest.split()]  # most lines
+        # Blanks are spaces and tabs alone (str.split() would also split at U+2028, \x0c, ...).
+        return [w.replace("$$", "$") if "$$" in w else w for w in rest.replace("\t", " ").split(" ") if w]
     names: list[str] = []
     cur: list[str] = []
     started = False
@@ -141,7 +142,9 @@ def parse_depfile(text: str, hash_escaped: bool = True) -> list[str]:
     joined = re.sub(r"\\\r?\n", " ", text)
     deps: list[str] = []
     seen: set[str] = set()
-    for line in joined.splitlines():
+    # Lines end at "\n" alone (and its "\r"), as Make and Ninja read them: str.splitlines also
+    # breaks at U+2028, form feeds and \x1c-\x1e, which a file name may hold (red team R10).
+    for line in (raw.removesuffix("\r") for raw in joined.split("\n")):
         # The target ends at the first unescaped ':' followed by whitespace or end of line.
         m = re.search(r"(?<!\\):(?:\s|$)", line)
         if not m:
@@ -155,7 +158,21 @@ def parse_depfile(text: str, hash_escaped: bool = True) -> list[str]:
 
 def absolute(path: str, cwd: str) -> str:
     """A depfile path as an absolute, normalised sandbox path (relative ones are against cwd)."""
-    return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
+    return sandbox_path(path if path.startswith("/") else posixpath.join(cwd, path))
+
+
+def sandbox_path(path: str) -> str:
+    """posixpath.normpath, and a leading `//` made `/` (POSIX leaves its meaning to the system:
+    Linux reads it as `/`, and normpath keeps it, so `//bgraph/src/x.h` looked like no mount's;
+    CMake writes one joining an empty variable, red team R10)."""
+    norm = posixpath.normpath(path)
+    return norm[1:] if norm.startswith("//") else norm
+
+
+def _aliased(path: str) -> bool:
+    """Whether an absolute path reaches the sandbox's files through /proc (`/proc/self/root`,
+    `/proc/self/cwd`, a descriptor): what it names cannot be told from its spelling."""
+    return sandbox_path(path).startswith(("/proc/", "/dev/fd/")) or sandbox_path(path) in ("/proc", "/dev/fd")
 
 
 def stepped_out_of(path: str, cwd: str) -> list[str]:
@@ -203,7 +220,22 @@ ASSEMBLER_SUFFIX = ".as.d"
 # in no file that discovery reads.
 _HAS_INCLUDE_PIECE = re.compile(r"has_include|__h")
 _BAD_ENV = ("GCC_EXEC_PREFIX", "COMPILER_PATH", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES",
-            "CCC_OVERRIDE_OPTIONS", "GCC_COMPARE_DEBUG")
+            "CCC_OVERRIDE_OPTIONS", "GCC_COMPARE_DEBUG",
+            # The C library's own file reads, which no depfile names (red team R10: iconv in cc1
+            # read $GCONV_PATH/gconv-modules under -finput-charset); TZ below, LD_* by prefix.
+            "GCONV_PATH", "LOCPATH", "NLSPATH", "TZDIR", "GETCONF_DIR")
+
+
+def _redirecting(name: str, value: str) -> bool:
+    """Whether an environment variable can make the compiler's programs read (or write their
+    dependency output to) a file its depfile does not name. The set is closed: GCC's manual
+    ("Environment Variables Affecting GCC") and glibc's documented variables; any other name
+    (PYTHONPATH, CUDA_HOME: a build's own) is read by nothing the driver runs."""
+    return (name in _BAD_ENV or name.startswith("LD_") or (name.startswith("GCC_") and name not in _GCC_OUTPUT_ONLY)
+            or (name == "TZ" and ("/" in value or value.startswith(":"))))
+
+
+_GCC_OUTPUT_ONLY = ("GCC_COLORS", "GCC_URLS", "GCC_EXTRA_DIAGNOSTIC_OUTPUT")
 # Options whose value is the next word, and those that may also be written joined (-Ifoo, -MFfoo).
 _SEPARATE = frozenset(("-o", "-MF", "-MT", "-MQ", "-D", "-U", "-I", "-include", "-imacros", "-isystem", "-iquote",
                        "-idirafter", "-iprefix", "-iwithprefix", "-iwithprefixbefore", "-isysroot", "-imultilib",
@@ -303,11 +335,11 @@ def _driver_problem(word: str, env: Mapping[str, str], roots: tuple[str, ...]) -
     if "/" in word:
         if not word.startswith("/"):
             return f"the compiler {word} is a relative path"
-        if _inside(posixpath.normpath(word), roots):
+        if _inside(sandbox_path(word), roots) or _aliased(word):
             return f"the compiler {word} lies inside a narrowed input"
         return None
     for entry in env.get("PATH", "").split(":"):
-        if not entry.startswith("/") or _inside(posixpath.normpath(entry), roots):
+        if not entry.startswith("/") or _inside(sandbox_path(entry), roots) or _aliased(entry):
             return f"PATH entry {entry!r} could hold the compiler {word}"
     return None
 
@@ -323,6 +355,14 @@ def _host_flag_problem(arg: str) -> str | None:
                        "-Wa,", "-Xassembler")) or arg.startswith(_READING_F):
         return f"{arg} may read a file the depfile does not name"
     return None
+
+
+def steered(argv: Iterable[str]) -> str | None:
+    """Why a preprocessing step of bgraph's own (compile_tu's `gcc -E`, as nvcc's dry run gave it)
+    could read a file its `-MD` depfile leaves out, or write a depfile that leaves some out (None:
+    neither). nvcc hands -Xcompiler values (and a cuda_library's copts) to GCC as its own
+    arguments: `-Xcompiler -MMD`, or `-Xcompiler "-MMD -Wall"`, reached the step (red team R10)."""
+    return next((why for arg in list(argv)[1:] if (why := _host_flag_problem(arg))), None)
 
 
 def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[str], cwd: str,
@@ -342,7 +382,7 @@ def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[st
         # Its integrated assembler writes no depfile: what inline asm `.include`s or `.incbin`s
         # would be named nowhere.
         return Whole("clang's integrated assembler names no file that inline asm reads", True)
-    bad_env = [k for k in _BAD_ENV if k in env]
+    bad_env = sorted(k for k, v in env.items() if _redirecting(k, v))
     if bad_env:
         return Whole(f"environment variable {bad_env[0]} redirects the compiler", True)
     counts = {"-c": 0, "-o": 0, "-MF": 0, "source": 0}
@@ -454,7 +494,9 @@ def nvcc_dependency_free(args: list[str], narrowed: Iterable[str]) -> tuple[list
                 if not value.startswith("/") or _inside(posixpath.normpath(value), roots):
                     why = why or f"host compiler {value} lies inside a narrowed input (or is relative)"
             else:
-                for flag in value.split(","):
+                # nvcc splits the value at commas, and the shell it runs the host compiler through
+                # at blanks (`-Xcompiler "-MMD -Wall"` reaches GCC as two arguments).
+                for flag in re.split(r"[,\s]+", value):
                     why = why or _host_flag_problem(flag)
         elif arg.startswith(("--options-file", "-optf")):
             why = why or f"{arg}: an options file"

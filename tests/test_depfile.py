@@ -1,6 +1,6 @@
 """Make-syntax depfiles as gcc and nvcc write them."""
 
-from build_graph.depfile import absolute, parse_depfile
+from build_graph.depfile import absolute, parse_depfile, steered
 
 
 def test_rules_continuations_escapes_and_phony_targets():
@@ -25,8 +25,17 @@ def test_only_a_blank_a_hash_and_a_dollar_are_escaped():
     assert parse_depfile("x.o: tab\\\tname.h end\\\\ next.h\n") == ["tab\tname.h", "end\\", "next.h"]
 
 
+def test_a_line_ends_only_at_a_newline_and_names_at_blanks():
+    """U+2028, form feeds and \\x1c-\\x1e may be in a file name (red team R10: str.splitlines cut
+    the rule there, and every name after it was lost)."""
+    text = "x.o: a\u2028b.h c\x0cd.h \\\r\n e\x1cf.h g.h\r\n"
+    assert parse_depfile(text) == ["a\u2028b.h", "c\x0cd.h", "e\x1cf.h", "g.h"]
+
+
 def test_relative_paths_resolve_against_cwd():
     assert absolute("rel/../d.h", "/bgraph/out") == "/bgraph/out/d.h"
+    assert absolute("//bgraph/src/a.h", "/bgraph/out") == "/bgraph/src/a.h"  # Linux reads `//` as `/`
+    assert absolute("///bgraph/src/a.h", "/") == "/bgraph/src/a.h"
     assert absolute("/bgraph/src/./a.h", "/bgraph/out") == "/bgraph/src/a.h"
 
 
@@ -135,6 +144,20 @@ def test_shell_commands_and_environments_that_change_what_runs():
     assert decide(TORCH, env={"PATH": "/bgraph/ext/torch/bin:/usr/bin"}).reason.startswith("PATH entry")
     assert "GCC_EXEC_PREFIX" in decide(TORCH, env={**ENV, "GCC_EXEC_PREFIX": "/bgraph/src/"}).reason
     assert isinstance(decide(TORCH.replace("c++", "x86_64-linux-gnu-g++-12", 1)), CompleteDepfile)
+    # Red team R10: iconv's modules (-finput-charset), the loader's, a time zone file; GCC's and
+    # glibc's documented variables are the whole set (a build's own, PYTHONPATH, are read by none).
+    for name, value in (("GCONV_PATH", "/usr/lib/gconv"), ("LD_PRELOAD", "x.so"), ("LD_LIBRARY_PATH", "lib"),
+                        ("LD_AUDIT", "a.so"), ("LOCPATH", "/bgraph/src/loc"), ("TZ", ":/bgraph/src/zone"),
+                        ("TZDIR", "/bgraph/src/zi"), ("GCC_EXEC_PREFIX", "/bgraph/src/")):
+        found = decide(TORCH, env={**ENV, name: value})
+        assert isinstance(found, Whole) and name in found.reason, (name, found)
+    assert isinstance(decide(TORCH, env={**ENV, "LANG": "C.UTF-8", "TZ": "UTC", "GCC_COLORS": "",
+                                         "PYTHONPATH": "/bgraph/ext/torch", "CUDA_HOME": "/bgraph/toolchain"}),
+                      CompleteDepfile)
+    for driver in ("//bgraph/src/bin/g++", "/proc/self/root/bgraph/src/bin/g++", "/proc/self/cwd/../src/g++"):
+        assert "narrowed" in decide(TORCH.replace("c++", driver, 1)).reason, driver
+    for path in ("//bgraph/src/bin", "/proc/self/root/usr/bin"):
+        assert decide(TORCH, env={"PATH": f"{path}:/usr/bin"}).reason.startswith("PATH entry"), path
     assert "one of its outputs" in decide(TORCH, outputs=("ops/m/host.o", "ops/m/host.o.d.as.d")).reason
     assert decide("python3 gen.py -c cfg -o out").compiler is False
 
@@ -149,6 +172,14 @@ def test_nvcc_dependency_options_go_and_host_flags_are_checked():
     # -MMD reaching the host preprocessor wins over compile_tu's own -MD: the steps are not narrowed.
     assert "-MMD" in nvcc_dependency_free(["-Xcompiler", "-MMD", "-c", "k.cu"], NARROWED)[1]
     assert "-Wp" in nvcc_dependency_free(["-Xcompiler=-fPIC,-Wp,-MD,x", "-c", "k.cu"], NARROWED)[1]
+    assert "-MMD" in nvcc_dependency_free(["-Xcompiler", "-MMD -Wall", "-c", "k.cu"], NARROWED)[1]  # R10
+    # bgraph's own gcc -E steps are screened as nvcc's dry run gives them (a cuda_library's copts too).
+    step = ["gcc", "-D__CUDA_ARCH__=1200", "-E", "-x", "c++", "-D__CUDACC__", "-fPIC", "-O2", "-I/bgraph/src",
+            "-isystem", "/bgraph/toolchain/include/cccl", "-include", "cuda_runtime.h", "-m64", "/bgraph/src/k.cu",
+            "-o", "/tmp/k.cpp1.ii"]
+    assert steered(step) is None
+    for bad in ("-MMD", "-MM", "-Wp,-MMD,x.d", "@flags.rsp", "-specs=x", "-fplugin=/bgraph/src/p.so"):
+        assert steered([*step[:-2], bad, *step[-2:]]), bad
     assert "host compiler" in nvcc_dependency_free(["-ccbin", "/bgraph/src/bin/g++", "-c", "k.cu"], NARROWED)[1]
     assert nvcc_dependency_free(["-ccbin", "/usr/bin/g++", "-c", "k.cu"], NARROWED)[1] is None
 
@@ -185,8 +216,9 @@ def test_gcc_md_and_mmd_write_the_same_object_and_only_md_names_system_headers(t
 
 
 def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path):
-    """After the run: a missing, empty or file-less depfile, or a path stepping out (`..`) of a
-    symbolic link, keeps the whole mount in the key ({"*": tree digest})."""
+    """After the run: a missing, empty or file-less depfile, a path stepping out (`..`) of a
+    symbolic link, or one that resolves to no input, output or host path, keeps the whole mount
+    in the key ({"*": tree digest})."""
     from build_graph.incremental.discovery import Depfile
     from build_graph.model import Action, Digester, SymlinkEntry, Tree
     from build_graph.rebuilder import Rebuilder
@@ -198,13 +230,15 @@ def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path)
     rebuilder = Rebuilder(cas, LocalActionCache(cas.base, cas.tmp), digester)
     src = Tree({"a.cpp": cas.put_bytes(b"int a;"), "inc/x.h": cas.put_bytes(b"x"), "other.h": cas.put_bytes(b"o"),
                 "link": SymlinkEntry("inc"), "real/y.h": cas.put_bytes(b"y")})
-    action = Action("compile a.o", "CmakeCompile", argv=("/bin/true",), inputs=(("/bgraph/src", src),),
+    ext = Tree({"to-src": SymlinkEntry("/bgraph/src/inc")})
+    action = Action("compile a.o", "CmakeCompile", argv=("/bin/true",),
+                    inputs=(("/bgraph/ext", ext), ("/bgraph/src", src)), host_paths=("/usr",),
                     outputs=("a.o", "a.o.d"), discovery=Depfile(("/bgraph/src",), ("a.o.d",)))
     whole = {"/bgraph/src": {"*": src.digest(digester)}}
 
     def reads(depfile: str | None):
-        out = Tree({"a.o": cas.put_bytes(b"obj"), **({"a.o.d": cas.put_bytes(depfile.encode())} if depfile is not None
-                                                       else {})})
+        out = Tree({"a.o": cas.put_bytes(b"obj"), "gen.h": cas.put_bytes(b"g"), "out-link": SymlinkEntry("/tmp"),
+                    **({"a.o.d": cas.put_bytes(depfile.encode())} if depfile is not None else {})})
         return action.discovery.reads(rebuilder.files, action, out)["reads"]
 
     assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/inc/x.h /usr/include/stdio.h\n") == {
@@ -214,6 +248,16 @@ def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path)
         assert reads(proves_nothing) == whole, proves_nothing
     # /bgraph/src/link/../other.h is inc/../other.h: not /bgraph/src/other.h.
     assert reads("a.o: /bgraph/src/a.cpp /bgraph/src/link/../other.h\n") == whole
+    # Red team R10: each path as the kernel resolves it. `//` is `/`; a link of another mount into
+    # the narrowed one names the file it leads to; a file this run wrote (no link on the way) and
+    # a host path are no input's; /proc's aliases, /tmp and names no mount holds cannot be told.
+    x = {"inc/x.h": src.entries["inc/x.h"].digest}
+    assert reads("a.o: //bgraph/src/inc/x.h\n") == {"/bgraph/src": x}
+    assert reads("a.o: /bgraph/ext/to-src/x.h\n") == {"/bgraph/src": x}
+    assert reads("a.o: /bgraph/src/inc/x.h /bgraph/out/gen.h /usr/include/stdio.h\n") == {"/bgraph/src": x}
+    for alias in ("/proc/self/root/bgraph/src/inc/x.h", "/proc/self/cwd/../src/inc/x.h", "/tmp/l/x.h",
+                  "/bgraph/out/out-link/x.h", "/bgraph/src/inc/missing.h", "/bgraph/nowhere/x.h"):
+        assert reads(f"a.o: /bgraph/src/inc/x.h {alias}\n") == whole, alias
 
 
 def _discovery_case(tmp_path, src: dict, ext: dict, depfile: str):

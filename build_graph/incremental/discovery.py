@@ -34,6 +34,7 @@ from build_graph import macro_use
 from build_graph.cpp_view import Macros, command_macros, defined_names, view
 from build_graph.depfile import absolute, parse_depfile, stepped_out_of
 from build_graph.model import Action, Digester, DirEntry, FileEntry, SymlinkEntry, Tree
+from build_graph.sandbox import MERGED_USR_LINKS, OUT_MOUNT
 from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
 
 
@@ -220,6 +221,13 @@ def _visible(action: Action, path: str) -> bool:
         path.startswith(h.rstrip("/") + "/") for h in action.host_paths)
 
 
+def _made(tree: Tree, path: str) -> bool:
+    """Whether `path` is a file the action wrote: a regular file of its output tree (at
+    /bgraph/out), reached through no link."""
+    rel = path[len(OUT_MOUNT) + 1:] if path.startswith(OUT_MOUNT + "/") else None
+    return rel is not None and isinstance(tree.entries.get(rel), FileEntry) and not _linked(tree, rel)
+
+
 def _absent(action: Action, path: str) -> bool:
     """Whether `path` lies in a mount that holds nothing there, nor a link on the way."""
     for mount, tree in action.inputs:
@@ -332,6 +340,8 @@ def _entry_at(action: Action, path: str):
             if (path == root or path.startswith(root + "/")) and (best is None or len(root) > len(best[0])):
                 best = (root, tree)
     if best is None:
+        if path[1:] in MERGED_USR_LINKS and any(m == "/usr" for m, _t in action.inputs):
+            return SymlinkEntry(f"usr{path}")  # a pinned system root's merged-/usr links (sandbox_layout)
         return "dir" if any(r.startswith(path.rstrip("/") + "/") for m, _t in action.inputs
                             for r in _roots(action, m)) else "outside"
     root, tree = best
@@ -345,6 +355,12 @@ def _kind_at(action: Action, path: str) -> str:
     """What the directory a command names is, as the kernel resolves it in the sandbox (links
     followed across mounts, `..` after a link taken from where the link leads): "dir", "file",
     "notdir" (a file on the way: a hard error), "absent", "loop", or "outside" (a host path)."""
+    return _resolved(action, path)[0]
+
+
+def _resolved(action: Action, path: str) -> tuple[str, str]:
+    """_kind_at's kind of absolute `path`, and the path it resolves to: for a "file", the file's
+    own path in its mount; for "outside", the path from where the walk left every mount."""
     comps = [c for c in path.split("/") if c not in ("", ".")]
     cur: list[str] = []
     hops = 40
@@ -354,23 +370,24 @@ def _kind_at(action: Action, path: str) -> str:
             if cur:
                 cur.pop()
             continue
-        found = _entry_at(action, "/" + "/".join([*cur, c]))
+        here = "/" + "/".join([*cur, c])
+        found = _entry_at(action, here)
         if found == "outside":
-            return "outside"
+            return "outside", posixpath.join(here, *comps)
         if isinstance(found, SymlinkEntry):
             hops -= 1
             if hops < 0:
-                return "loop"
+                return "loop", here
             if found.target.startswith("/"):
                 cur = []
             comps = [x for x in found.target.split("/") if x not in ("", ".")] + comps
             continue
         if found is None:
-            return "absent"
+            return "absent", here
         if isinstance(found, FileEntry):
-            return "notdir" if comps else "file"
+            return ("notdir", here) if comps else ("file", here)
         cur.append(c)
-    return "dir"
+    return "dir", "/" + "/".join(cur)
 
 
 def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
@@ -704,6 +721,19 @@ class Discovery:
                 # directive's (GCC writes the source's base name): read by nobody.
                 kept = [(d, p) for d, p in zip(deps, paths) if _visible(action, p) and not _absent(action, p)]
                 deps, paths = [d for d, _p in kept], [p for _d, p in kept]
+            # Each path as the kernel resolved it in the sandbox: a spelling no mount's (`//x`,
+            # /proc/self/root/..., a link made in /tmp, a link of another mount into a narrowed
+            # one) read a file all the same (red team R10). A file of no input is either one this
+            # run wrote (its output tree's, no link on the way) or a host path; anything else
+            # (/proc, /tmp, a name no mount holds) cannot be told: the mounts are kept whole.
+            resolved = [_resolved(action, dep if dep.startswith("/") else f"{action.cwd}/{dep}") for dep in deps]
+            for (kind, real), path in zip(resolved, paths):
+                names.update(_components(path))
+                if kind == "file":
+                    names.update(_components(real))
+                elif not (kind in ("outside", "absent") and (_visible(action, real) or _made(tree, real))):
+                    whole.update(mounts)
+            paths = [real if kind == "file" else path for (kind, real), path in zip(resolved, paths)]
             # With every __has_include wrapper seen so far in this build (one more pass where these
             # files define a new one): extra wrappers only add names, never take one away.
             looked = [files.lookups(action, path, files.wrappers) for path in paths]
@@ -718,7 +748,6 @@ class Discovery:
                     names.update(found.names)
             read_paths.update(paths)
             for dep, path in zip(deps, paths):
-                names.update(_components(path))
                 for mount, mtree in mounts.items():
                     for root in _roots(action, mount):
                         if not path.startswith(root + "/"):

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from build_graph import macro_use
+from build_graph.depfile import steered
 from build_graph.incremental.discovery import Preprocessed, RecordedMacros
 from build_graph.model import Action, TargetOutput, Tree
 from build_graph.nvcc import DryrunError, parse_dryrun
@@ -132,7 +133,9 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 record = f"{stem}.macros"
             heavy = s.kind in ("cicc", "ptxas", "hostcc")
             # gcc -E with its full -MD depfile: an edit it skips (another arch's #if group) is a hit.
-            discovery = (Preprocessed(view.narrow, (f"{stem}.d",), record) if s.reads_source
+            # Narrowed only where the step's own arguments cannot hide a read from its depfile.
+            narrow = view.narrow if s.reads_source and not steered(s.argv) else ()
+            discovery = (Preprocessed(narrow, (f"{stem}.d",), record) if s.reads_source
                          else RecordedMacros(record=record) if record else None)
             return ctx.exec_action(
                 f"{s.kind} {name}" + (f" {arch}" if (arch := shown.get(index, s.arch) if s.kind == "devpp" else s.arch)
