@@ -767,3 +767,47 @@ def test_an_unreadable_output_directory_is_refused_not_skipped(cas):
             cas.ingest_dir(cas.tmp, ["o"], move=True)
     finally:
         os.chmod(out / "hidden", 0o755)
+
+
+# -- a blob with the file system's most links ---------------------------------------------------
+def test_a_blob_with_the_most_links_is_copied_into_a_tree_and_the_copy_is_checked(tmp_path):
+    """Red team R10 (link_exhaustion): other targets' trees gave a common blob (an empty file)
+    ext4's 65,000 links, and every later tree holding it failed. The tree gets a copy of the
+    blob instead, read-only with the fixed time; a later process finds the tree intact without
+    re-hashing it, `cache verify` finds it whole, and a write into the copy is found."""
+    import errno
+
+    from build_graph.store import upkeep
+
+    cas = LocalCas(tmp_path / "cache", B3)
+    entry, other = cas.put_bytes(b""), cas.put_bytes(b"x")
+    crowd = tmp_path / "crowd"  # stands for the trees of other targets
+    crowd.mkdir()
+    blob, n = cas.blob_path(entry.digest), 0
+    try:
+        while n < 70_000:
+            os.link(blob, crowd / str(n))
+            n += 1
+        pytest.skip("this file system has no hard link limit under 70,000")
+    except OSError as e:
+        assert e.errno == errno.EMLINK
+    tree = Tree({"pkg/__init__.py": entry, "pkg/x": other, "tool": FileEntry(entry.digest, 0, True)})
+    dest = cas.materialize(tree)
+    st = os.lstat(dest / "pkg/__init__.py")
+    assert (st.st_nlink, stat.S_IMODE(st.st_mode), st.st_mtime, (dest / "pkg/__init__.py").read_bytes()) == (
+        1, 0o444, FIXED_MTIME, b"")
+    # The others are links as ever (an executable links the blob's own executable copy).
+    assert os.lstat(dest / "pkg/x").st_nlink == os.lstat(dest / "tool").st_nlink == 2
+    cas.save_stamps()
+    later = LocalCas(tmp_path / "cache", B3)
+    assert any("@" in name for name in later._stamps.table)  # the copy's own stamp, kept
+    assert later._is_intact(tree, dest)
+    assert not upkeep.verify(cas.layout_root, B3).bad_trees
+    copy = dest / "pkg/__init__.py"
+    os.chmod(copy, 0o644)
+    copy.write_bytes(b"poison")
+    os.chmod(copy, 0o444)
+    assert not LocalCas(tmp_path / "cache", B3)._is_intact(tree, dest)
+    assert upkeep.verify(cas.layout_root, B3).bad_trees == [dest.name]
+    for i in range(n):
+        os.unlink(crowd / str(i))

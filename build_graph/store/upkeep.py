@@ -13,7 +13,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -385,11 +387,12 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
             for path in report.stray:
                 rmtree(path)  # a link itself, never what it points at
         good_inodes = {i for d, b in blobs.items() if d not in bad_blobs for i in b.inodes}
+        good = {d for d in blobs if d not in bad_blobs}
         trees_root = base / "trees"
         held = live_builds(layout_root / "tmp").trees
         for t in sorted(trees_root.iterdir()) if trees_root.exists() else ():
             report.trees_checked += 1
-            if not _tree_is_whole(t, good_inodes):
+            if not _tree_is_whole(t, good_inodes, lambda path: hash_file(path, digester) in good):
                 report.bad_trees.append(t.name)
                 if repair:
                     discard_tree(layout_root, t, held)
@@ -419,10 +422,12 @@ def _state_is_whole(path: Path) -> bool:
         return False
 
 
-def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
+def _tree_is_whole(tree_dir: Path, good_inodes: set[int], holds_a_good_blob: Callable[[str], bool]) -> bool:
     """A materialized tree is whole if it is a directory (not a link) and each of its files is a
     hard link of a blob that hashed good (the blob was just re-hashed; the link shares its
-    bytes), and it holds nothing but files, links and directories. Walked with a stack."""
+    bytes), or a copy of one (a file of one link, read-only, whose bytes are a good blob's: made
+    where the blob had the file system's most links), and it holds nothing but files, links and
+    directories. Walked with a stack."""
     if tree_dir.is_symlink() or not tree_dir.is_dir():
         return False
     pending = [os.fspath(tree_dir)]
@@ -434,7 +439,11 @@ def _tree_is_whole(tree_dir: Path, good_inodes: set[int]) -> bool:
                         pending.append(e.path)
                     elif e.is_symlink():
                         continue
-                    elif not e.is_file(follow_symlinks=False) or e.stat(follow_symlinks=False).st_ino not in good_inodes:
+                    elif not e.is_file(follow_symlinks=False):
+                        return False
+                    elif (st := e.stat(follow_symlinks=False)).st_ino not in good_inodes and not (
+                            st.st_nlink == 1 and stat.S_IMODE(st.st_mode) in (0o444, 0o555)
+                            and holds_a_good_blob(e.path)):
                         return False
     except OSError:
         return False
