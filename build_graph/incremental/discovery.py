@@ -658,8 +658,10 @@ class Contents:
 # Since 6, a file with the bytes of one read is taken as read (GCC's once-only skip names no
 # file: "copies"), each -I (-isystem, CPATH, ...) directory's kind is kept ("dirs"), and so is
 # every link of a narrowed mount ("links"); a file with `#import` keeps the mount whole:
-# entries of 4 lack all of them.
-ENTRY_VERSION = 6
+# entries of 4 lack all of them. Since 7, each path is resolved in the sandbox (`//`, a link of
+# another mount into a narrowed one) and one that resolves to no input, output or host path keeps
+# the mounts whole: entries of 6 may have missed a file read through such a spelling.
+ENTRY_VERSION = 7
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
