@@ -419,3 +419,17 @@ def test_an_assembler_depfile_names_what_inline_asm_reads(tmp_path):
     plain = Depfile(("/bgraph/src",), ("a.o.d",))
     out = Tree({"a.o": cas.put_bytes(b"obj"), "a.o.d": cas.put_bytes(b"a.o: /bgraph/src/a.c\n")})
     assert plain.reads(rebuilder.files, action, out)["reads"]["/bgraph/src"] == {"*": src.digest(digester)}
+
+
+def test_an_import_directive_however_spelled_makes_the_file_opaque():
+    """GCC skips a later file with the bytes of one `#import`ed and names no such file (R8): a file
+    holding the directive keeps its mount whole, in every spelling the preprocessor reads as one
+    (comments after `#`, line splices, `%:`, the `??=` trigraph under -trigraphs), never in a comment
+    or as part of a longer word."""
+    from build_graph.incremental.discovery import _lookups
+
+    for text in (b"#import <a.h>\n", b"# /*x*/ import <a.h>\n", b"#im\\\nport <a.h>\n", b"%:import \"a.h\"\n",
+                 b"#\\\n import <a.h>\n", b"??=import <a.h>\n", b"#i??/\nmport <a.h>\n"):
+        assert _lookups(text, frozenset()).opaque, text
+    for text in (b"// #import <a.h>\n", b"/* #import */\n", b"#importx\n", b"int important;\n"):
+        assert not _lookups(text, frozenset()).opaque, text

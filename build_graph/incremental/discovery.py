@@ -396,9 +396,10 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     of another wrapper's parameter); so is any other use of the operator, or pieces of its name
     a paste could join (`_pasted`)."""
     names: set[str] = set()
-    opaque = _imports(data)  # GCC skips any later file with the bytes of one #imported (R8)
+    spliced = _spliced(data)  # once: most headers need it below too
+    opaque = _imports(spliced)  # GCC skips any later file with the bytes of one #imported (R8)
     if b"dependency" in data or ((b"\\" in data or b"??/" in data) and _SPLIT_DEPENDENCY.search(data)):
-        found_names, opaque_pragma = _dependencies(_spliced(data))
+        found_names, opaque_pragma = _dependencies(spliced)
         names.update(found_names)
         opaque = opaque or opaque_pragma
     # A splice may split `__has_include` anywhere: one side holds `__h` or `has_`/`s_include`.
@@ -406,7 +407,7 @@ def _lookups(data: bytes, wrappers: frozenset[str]) -> Lookups:
     if b"__h" not in data and b"has_" not in data and b"s_include" not in data and not any(
             macro.encode() in data for macro in wrappers):
         return Lookups(frozenset(names), frozenset(), opaque, bool(_INCBIN.search(data)))
-    data = _spliced(data)
+    data = spliced
     assembles = bool(_INCBIN.search(data))
     used = [macro for macro in wrappers if macro.encode() in data]
     opaque = _pasted(data) or opaque  # comments kept: only more pieces
@@ -457,20 +458,14 @@ def _dependencies(spliced: bytes) -> tuple[set[str], bool]:
     return names, False
 
 
-_IMPORT = re.compile(rb"(?:#|%:)[ \t]*import(?![A-Za-z0-9_$])")
-# `#import` in the file's own bytes: blanks, comments or line splices between `#` and the word,
-# splices inside it (a superset: the match may lie in a comment).
-_IMPORT_ANYHOW = re.compile(rb"(?:#|%:|\?\?=)(?:[ \t]|/\*.*?\*/|" + _SPLICE + rb")*"
-                            + _split_word(b"import") + rb"(?![A-Za-z0-9_$])", re.S)
+_IMPORT = re.compile(rb"(?:#|%:|\?\?=)[ \t]*import(?![A-Za-z0-9_$])")
 
 
-def _imports(data: bytes) -> bool:
-    """Whether `data` has an `#import` directive (comments and line splices taken out first)."""
-    if b"mport" not in data and b"\\" not in data and b"??/" not in data:
-        return False
-    if not _IMPORT_ANYHOW.search(data):
-        return False
-    return bool(_IMPORT.search(_code(_spliced(data))))
+def _imports(spliced: bytes) -> bool:
+    """Whether `spliced` (a file's bytes, line splices taken out) has an `#import` directive
+    (comments taken out). Comments may stand between `#` and the word, never inside it: a file
+    whose spliced bytes lack the word has none (most files: one search)."""
+    return b"import" in spliced and bool(_IMPORT.search(_code(spliced)))
 
 
 def _encode_lookups(found: Lookups) -> bytes:
