@@ -337,10 +337,11 @@ def _driver_problem(word: str, env: Mapping[str, str], roots: tuple[str, ...]) -
             return f"the compiler {word} is a relative path"
         if _inside(sandbox_path(word), roots) or _aliased(word):
             return f"the compiler {word} lies inside a narrowed input"
-        return None
+    # Whatever names the driver, it finds `as` (and the programs its prefix lacks) through PATH
+    # (red team R11: an assembler wrapper in the narrowed sources, driver /usr/bin/gcc).
     for entry in env.get("PATH", "").split(":"):
         if not entry.startswith("/") or _inside(sandbox_path(entry), roots) or _aliased(entry):
-            return f"PATH entry {entry!r} could hold the compiler {word}"
+            return f"PATH entry {entry!r} could hold the compiler {word} or its assembler"
     return None
 
 
@@ -361,8 +362,37 @@ def steered(argv: Iterable[str]) -> str | None:
     """Why a preprocessing step of bgraph's own (compile_tu's `gcc -E`, as nvcc's dry run gave it)
     could read a file its `-MD` depfile leaves out, or write a depfile that leaves some out (None:
     neither). nvcc hands -Xcompiler values (and a cuda_library's copts) to GCC as its own
-    arguments: `-Xcompiler -MMD`, or `-Xcompiler "-MMD -Wall"`, reached the step (red team R10)."""
-    return next((why for arg in list(argv)[1:] if (why := _host_flag_problem(arg))), None)
+    arguments: `-Xcompiler -MMD`, `-Xcompiler "-MMD -Wall"` (red team R10) and GCC's long
+    spellings, `--write-user-dependencies` or any abbreviation of it (R11), reached the step. The
+    allowlist of complete_compile: any other option narrows nothing."""
+    args = list(argv)[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith(("-", "@")):
+            continue  # an operand: the source
+        why = _unlisted(arg, step=True)
+        if why:
+            return why
+        if arg in _SEPARATE:
+            i += 1  # its value
+    return None
+
+
+def _unlisted(arg: str, step: bool = False) -> str | None:
+    """Why a host compiler option is not one the allowlist of point 3 knows, or reads a file its
+    depfile leaves out (None: it is known and reads none). `step`: also the `-E` of a
+    preprocessing step."""
+    problem = _host_flag_problem(arg)
+    if problem:
+        return problem
+    if arg in _PLAIN or arg in _SEPARATE or (step and arg == "-E") or any(
+            arg.startswith(o) and len(arg) > len(o) for o in _JOINED):
+        return None
+    if arg.startswith(("-O", "-g", "-f", "-m", "-std=", "--std=")) or (arg.startswith("-W") and not arg.startswith("-Wl,")):
+        return None
+    return f"unknown option {arg}"
 
 
 def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[str], cwd: str,
@@ -421,13 +451,10 @@ def complete_compile(command: str, env: Mapping[str, str], narrowed: Iterable[st
             elif option == "-D" and _HAS_INCLUDE_PIECE.search(value):
                 return Whole(f"-D{value} may spell a __has_include probe", True)
             continue
-        problem = _host_flag_problem(arg)
-        if problem:
-            return Whole(problem, True)
-        if arg.startswith("-"):
-            if not (arg.startswith(("-O", "-g", "-f", "-m", "-std=", "--std=")) or
-                    (arg.startswith("-W") and not arg.startswith("-Wl,"))):
-                return Whole(f"unknown option {arg}", True)
+        if arg.startswith(("-", "@")):
+            problem = _unlisted(arg)
+            if problem:
+                return Whole(problem, True)
         elif _SOURCE.fullmatch(arg) or lang in ("c", "c++"):
             counts["source"] += 1
         else:
@@ -497,7 +524,7 @@ def nvcc_dependency_free(args: list[str], narrowed: Iterable[str]) -> tuple[list
                 # nvcc splits the value at commas, and the shell it runs the host compiler through
                 # at blanks (`-Xcompiler "-MMD -Wall"` reaches GCC as two arguments).
                 for flag in re.split(r"[,\s]+", value):
-                    why = why or _host_flag_problem(flag)
+                    why = why or (_unlisted(flag) if flag.startswith(("-", "@")) else None)
         elif arg.startswith(("--options-file", "-optf")):
             why = why or f"{arg}: an options file"
     return out, why

@@ -158,6 +158,14 @@ def test_shell_commands_and_environments_that_change_what_runs():
         assert "narrowed" in decide(TORCH.replace("c++", driver, 1)).reason, driver
     for path in ("//bgraph/src/bin", "/proc/self/root/usr/bin"):
         assert decide(TORCH, env={"PATH": f"{path}:/usr/bin"}).reason.startswith("PATH entry"), path
+    # R11: an absolute driver still finds `as` through PATH.
+    absolute_driver = TORCH.replace("c++", "/usr/bin/c++", 1)
+    assert isinstance(decide(absolute_driver), CompleteDepfile)
+    assert decide(absolute_driver, env={"PATH": "/bgraph/src/bin:/usr/bin"}).reason.startswith("PATH entry")
+    # R11: GCC's long spellings of -MMD and -B, and their abbreviations, are no known option.
+    for long in ("--write-user-dependencies", "--write-user-dep", "--user-dependencies", "--prefix=/bgraph/src/",
+                 "--for-assembler=--MD", "--save-temps"):
+        assert isinstance(decide(TORCH.replace("-O3", long)), Whole), long
     assert "one of its outputs" in decide(TORCH, outputs=("ops/m/host.o", "ops/m/host.o.d.as.d")).reason
     assert decide("python3 gen.py -c cfg -o out").compiler is False
 
@@ -178,8 +186,10 @@ def test_nvcc_dependency_options_go_and_host_flags_are_checked():
             "-isystem", "/bgraph/toolchain/include/cccl", "-include", "cuda_runtime.h", "-m64", "/bgraph/src/k.cu",
             "-o", "/tmp/k.cpp1.ii"]
     assert steered(step) is None
-    for bad in ("-MMD", "-MM", "-Wp,-MMD,x.d", "@flags.rsp", "-specs=x", "-fplugin=/bgraph/src/p.so"):
+    for bad in ("-MMD", "-MM", "-Wp,-MMD,x.d", "@flags.rsp", "-specs=x", "-fplugin=/bgraph/src/p.so",
+                "--write-user-dependencies", "--write-user-dep", "--prefix=/bgraph/src/", "--save-temps"):
         assert steered([*step[:-2], bad, *step[-2:]]), bad
+        assert nvcc_dependency_free(["-Xcompiler", bad, "-c", "k.cu"], NARROWED)[1], bad
     assert "host compiler" in nvcc_dependency_free(["-ccbin", "/bgraph/src/bin/g++", "-c", "k.cu"], NARROWED)[1]
     assert nvcc_dependency_free(["-ccbin", "/usr/bin/g++", "-c", "k.cu"], NARROWED)[1] is None
 
@@ -256,7 +266,8 @@ def test_the_rebuilder_narrows_only_by_a_depfile_that_proves_something(tmp_path)
     assert reads("a.o: /bgraph/ext/to-src/x.h\n") == {"/bgraph/src": x}
     assert reads("a.o: /bgraph/src/inc/x.h /bgraph/out/gen.h /usr/include/stdio.h\n") == {"/bgraph/src": x}
     for alias in ("/proc/self/root/bgraph/src/inc/x.h", "/proc/self/cwd/../src/inc/x.h", "/tmp/l/x.h",
-                  "/bgraph/out/out-link/x.h", "/bgraph/src/inc/missing.h", "/bgraph/nowhere/x.h"):
+                  "/bgraph/out/out-link/x.h", "/bgraph/src/inc/missing.h", "/bgraph/nowhere/x.h",
+                  "/usr/../proc/self/cwd/../src/inc/x.h", "/usr/lib/../../bgraph/src/inc/x.h"):
         assert reads(f"a.o: /bgraph/src/inc/x.h {alias}\n") == whole, alias
 
 
@@ -415,6 +426,8 @@ def test_an_assembler_depfile_names_what_inline_asm_reads(tmp_path):
     assert reads("a.o: /bgraph/src/blob.bin a.c /bgraph/src/gen.y /tmp/ccX1.s\n") == {
         "a.c": src.entries["a.c"].digest, "blob.bin": src.entries["blob.bin"].digest}
     assert reads(None) == reads("") == {"*": src.digest(digester)}
+    # R11: a name is resolved before it is taken for a `.file` one: through /proc it is no one's.
+    assert reads("a.o: /proc/self/cwd/../src/blob.bin a.c\n") == {"*": src.digest(digester)}
     # Without an assembler depfile, the .incbin keeps the mount whole, as before.
     plain = Depfile(("/bgraph/src",), ("a.o.d",))
     out = Tree({"a.o": cas.put_bytes(b"obj"), "a.o.d": cas.put_bytes(b"a.o: /bgraph/src/a.c\n")})

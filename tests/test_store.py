@@ -804,10 +804,11 @@ def test_a_blob_with_the_most_links_is_copied_into_a_tree_and_the_copy_is_checke
     assert later._is_intact(tree, dest)
     assert not upkeep.verify(cas.layout_root, B3).bad_trees
     copy = dest / "pkg/__init__.py"
-    os.chmod(copy, 0o644)
-    copy.write_bytes(b"poison")
-    os.chmod(copy, 0o444)
-    assert not LocalCas(tmp_path / "cache", B3)._is_intact(tree, dest)
-    assert upkeep.verify(cas.layout_root, B3).bad_trees == [dest.name]
+    for poison in (b"poison", b"x"):  # R11: another good blob's bytes are no sound copy either
+        os.chmod(copy, 0o644)
+        copy.write_bytes(poison)
+        os.chmod(copy, 0o444)
+        assert not LocalCas(tmp_path / "cache", B3)._is_intact(tree, dest)
+        assert upkeep.verify(cas.layout_root, B3).bad_trees == [dest.name]
     for i in range(n):
         os.unlink(crowd / str(i))

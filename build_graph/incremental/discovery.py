@@ -360,7 +360,8 @@ def _kind_at(action: Action, path: str) -> str:
 
 def _resolved(action: Action, path: str) -> tuple[str, str]:
     """_kind_at's kind of absolute `path`, and the path it resolves to: for a "file", the file's
-    own path in its mount; for "outside", the path from where the walk left every mount."""
+    own path in its mount; for "outside", the path from where the walk left every mount ("unknown"
+    where a `..` follows that point: R11 `-I/usr/../proc/self/cwd/...`)."""
     comps = [c for c in path.split("/") if c not in ("", ".")]
     cur: list[str] = []
     hops = 40
@@ -373,6 +374,8 @@ def _resolved(action: Action, path: str) -> tuple[str, str]:
         here = "/" + "/".join([*cur, c])
         found = _entry_at(action, here)
         if found == "outside":
+            if ".." in comps:  # where `..` leads from a host path (through its links) is not known here
+                return "unknown", posixpath.join(here, *comps)
             return "outside", posixpath.join(here, *comps)
         if isinstance(found, SymlinkEntry):
             hops -= 1
@@ -713,17 +716,21 @@ class Discovery:
                 whole.update(mounts)
                 continue
             paths = [absolute(dep, action.cwd) for dep in deps]
-            if by_as:
-                # Its temporary .s lies in no mount, and a name no mount holds is a `.file`
-                # directive's (GCC writes the source's base name): read by nobody.
-                kept = [(d, p) for d, p in zip(deps, paths) if _visible(action, p) and not _absent(action, p)]
-                deps, paths = [d for d, _p in kept], [p for _d, p in kept]
             # Each path as the kernel resolved it in the sandbox: a spelling no mount's (`//x`,
             # /proc/self/root/..., a link made in /tmp, a link of another mount into a narrowed
             # one) read a file all the same (red team R10). A file of no input is either one this
             # run wrote (its output tree's, no link on the way) or a host path; anything else
             # (/proc, /tmp, a name no mount holds) cannot be told: the mounts are kept whole.
             resolved = [_resolved(action, dep if dep.startswith("/") else f"{action.cwd}/{dep}") for dep in deps]
+            if by_as:
+                # A name that leads to nothing in a mount, or plainly to the build directory or
+                # /tmp, is a `.file` directive's (GCC writes the source's name as given) or a
+                # temporary .s: read by nobody. Resolved first (R11: an `.incbin` through /proc,
+                # or through a link and `..`, was dropped as no mount's).
+                kept = [i for i, ((kind, real), dep) in enumerate(zip(resolved, deps)) if not (
+                    kind == "absent" or kind == "outside" and ".." not in dep.split("/")
+                    and real.startswith(("/tmp/", OUT_MOUNT + "/")))]
+                deps, paths, resolved = [deps[i] for i in kept], [paths[i] for i in kept], [resolved[i] for i in kept]
             for (kind, real), path in zip(resolved, paths):
                 names.update(_components(path))
                 if kind == "file":

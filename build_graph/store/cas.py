@@ -969,6 +969,7 @@ class LocalCas:
                 parent = parent.rpartition("/")[0]
         staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="tree-"))
         linked: dict[tuple[int, int], Path] = {}  # (device, inode) -> the blob
+        copied = False
         try:
             for path, entry in tree.entries.items():
                 target = staging / path
@@ -985,6 +986,7 @@ class LocalCas:
                         # targets' trees can reach (red team R10: two genrules of 32,500 empty
                         # files each stopped every tree holding an empty file): a copy of it.
                         self._copy_of_blob(entry, source, target)
+                        copied = True
                         continue
                     self._restamp(source, before)
                     linked[before.st_dev, before.st_ino] = source
@@ -1020,6 +1022,9 @@ class LocalCas:
         except BaseException:
             rmtree(staging)
             raise
+        if copied:  # a copy's stamp is how `cache verify` knows it: kept now, not at the build's end
+            with self._stamp_lock:
+                self._stamps.save()
         self._intact.add(digest)
         return dest
 

@@ -388,11 +388,14 @@ def verify(layout_root: Path, digester: Digester, repair: bool = False) -> Verif
                 rmtree(path)  # a link itself, never what it points at
         good_inodes = {i for d, b in blobs.items() if d not in bad_blobs for i in b.inodes}
         good = {d for d in blobs if d not in bad_blobs}
+        # Which blob each copy in a tree was made of (cas._copy_of_blob's stamps, `<digest>@<inode>`).
+        copies = {k for k in JsonTable(base / "verified.json", layout_root / "tmp").table if "@" in k}
+        trees = _TreeEntries(layout_root.parent, digester)
         trees_root = base / "trees"
         held = live_builds(layout_root / "tmp").trees
         for t in sorted(trees_root.iterdir()) if trees_root.exists() else ():
             report.trees_checked += 1
-            if not _tree_is_whole(t, good_inodes, lambda path: hash_file(path, digester) in good):
+            if not _tree_is_whole(t, good_inodes, lambda path, ino: _a_copy_of(t, path, ino, good, copies, trees)):
                 report.bad_trees.append(t.name)
                 if repair:
                     discard_tree(layout_root, t, held)
@@ -422,12 +425,39 @@ def _state_is_whole(path: Path) -> bool:
         return False
 
 
-def _tree_is_whole(tree_dir: Path, good_inodes: set[int], holds_a_good_blob: Callable[[str], bool]) -> bool:
+class _TreeEntries:
+    """The file entries of materialized trees, read from their directory nodes on first use."""
+
+    def __init__(self, cache_dir: Path, digester: Digester):
+        self.cache_dir, self.digester, self.cas, self.known = cache_dir, digester, None, {}
+
+    def digest_at(self, tree: str, rel: str) -> str | None:
+        if tree not in self.known:
+            from build_graph.store.cas import CorruptBlob, LocalCas, StoreError
+            self.cas = self.cas or LocalCas(self.cache_dir, self.digester)
+            try:
+                self.known[tree] = {p: e.digest for p, e in self.cas.get_tree(tree).files().items()}
+            except (CorruptBlob, StoreError, OSError, ValueError, KeyError):
+                self.known[tree] = {}
+        return self.known[tree].get(rel)
+
+
+def _a_copy_of(tree_dir: Path, path: str, ino: int, good: set[str], copies: set[str], trees: _TreeEntries) -> bool:
+    """Whether the tree file `path` (inode `ino`) is a sound copy: its bytes a good blob's, the
+    very blob the tree lists at that path (red team R11: any good blob's bytes were taken). The
+    copy's stamp (cas._copy_of_blob) spares reading the tree's nodes."""
+    digest = hash_file(path, trees.digester)
+    if digest not in good:
+        return False
+    return f"{digest[2:]}@{ino}" in copies or trees.digest_at(tree_dir.name, os.path.relpath(path, tree_dir)) == digest
+
+
+def _tree_is_whole(tree_dir: Path, good_inodes: set[int], a_sound_copy: Callable[[str, int], bool]) -> bool:
     """A materialized tree is whole if it is a directory (not a link) and each of its files is a
     hard link of a blob that hashed good (the blob was just re-hashed; the link shares its
-    bytes), or a copy of one (a file of one link, read-only, whose bytes are a good blob's: made
-    where the blob had the file system's most links), and it holds nothing but files, links and
-    directories. Walked with a stack."""
+    bytes), or a copy of one (a file of one link, read-only, that the cache made as a copy of a
+    good blob where the blob had the file system's most links), and it holds nothing but files,
+    links and directories. Walked with a stack."""
     if tree_dir.is_symlink() or not tree_dir.is_dir():
         return False
     pending = [os.fspath(tree_dir)]
@@ -443,7 +473,7 @@ def _tree_is_whole(tree_dir: Path, good_inodes: set[int], holds_a_good_blob: Cal
                         return False
                     elif (st := e.stat(follow_symlinks=False)).st_ino not in good_inodes and not (
                             st.st_nlink == 1 and stat.S_IMODE(st.st_mode) in (0o444, 0o555)
-                            and holds_a_good_blob(e.path)):
+                            and a_sound_copy(e.path, st.st_ino)):
                         return False
     except OSError:
         return False
