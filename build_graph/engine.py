@@ -28,6 +28,7 @@ from build_graph.store.origins import BuildTrust, Origins
 from build_graph.store.peaks import Peaks
 from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.trace import Trace
+from build_graph.store.uptodate import generation_path, stamp_of
 from build_graph.variants import Variant
 from build_graph.workspace import Workspace, host_platform
 
@@ -143,6 +144,9 @@ class Engine:
         self.digester = Digester(ws.digest_function)
         self.cache_dir = cache_dir
         self.cas = LocalCas(cache_dir, self.digester)
+        # The cache's generation as this build found it: where another command moves it while
+        # this one runs, what this build took may be gone or replaced, and it records nothing.
+        self.generation_at_start = stamp_of(generation_path(self.cas.layout_root))
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         # Which results made elsewhere (a remote cache's, an executor's) this build takes: those
         # its own [remote] settings trust, whichever workspace filed them (store/origins.py).
@@ -337,6 +341,10 @@ class Engine:
 
         tools = self.host_tools_of(result)
         record = recording.of_build(self.cache_dir, summary, links, tools) if tools is not None else None
+        if record is not None and stamp_of(generation_path(self.cas.layout_root)) != self.generation_at_start:
+            # A gc, a repair or a --check that replaced a result ran beside this build (red team
+            # R12): a record stamped with the new generation would keep what this build took.
+            record = None
         if record is not None and not self.cas.stamped_good(record.outputs.values()):
             # An output's blob is not in the state it was last hashed good in (written through a
             # link while the build ran): what the record would stamp is not what the build made.

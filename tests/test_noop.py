@@ -314,6 +314,30 @@ def test_a_check_that_replaces_a_result_drops_every_record_of_the_cache(make_ws)
     assert ws.read_output("//p:c", "c.txt").startswith(ws.read_output("//p:n", "n.txt"))
 
 
+def test_a_build_during_which_the_cache_generation_moved_records_nothing(make_ws):
+    """R12 check_race_generation: a --check (or a gc) that replaced or removed something while
+    another build ran bumped the generation; that build then filed its record stamped with the
+    new generation, keeping what it had taken before: its no-op and memo served c from the
+    replaced result. A build now records nothing where the generation moved while it ran."""
+    from bgraph_testlib import hermetic_env
+
+    ws = make_ws({**FILES, "targets/p.toml": FILES["targets/p.toml"] +
+                  '\n[c]\nkind = "genrule"\nouts = ["c.txt"]\ndeps = { a = ":a" }\n'
+                  'cmd = "sleep 3.217; cat $IN_A/a.txt > $OUT/c.txt"\n'})
+    age(ws.root)
+    started = subprocess.Popen([sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
+                                "build", "//p:c"], env=hermetic_env(ws.env), cwd=ws.root,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-f", "sleep 3.217"], capture_output=True).returncode != 0:
+        assert started.poll() is None and time.monotonic() < deadline, started.communicate()[0]
+        time.sleep(0.05)
+    uptodate.bump_generation(ws.cache / "v1")  # what a --check that replaced a result does
+    assert started.wait(60) == 0, started.communicate()[0]
+    assert UP_TO_DATE not in build(ws, "//p:c").stderr  # no record was filed: the full path ran
+    assert UP_TO_DATE in build(ws, "//p:c").stderr  # and recorded, with nothing moving beside it
+
+
 def test_a_link_another_build_repointed_is_not_put_back(make_ws):
     """A record whose bgraph-out link another request re-pointed does not hold: the link is that
     build's, and only a full path may decide what it should lead to."""
