@@ -108,10 +108,10 @@ def scan(root: Path, skip: tuple[str, ...] = ()) -> dict[str, Stamp]:
 
 @functools.cache
 def code_files() -> tuple[str, ...]:
-    """bgraph's own source files: a change to any of them may change what a build does (listed
-    once per process: the kept parse and the record both stamp them)."""
+    """bgraph's own source files and data (the seccomp programs: R12): a change to any of them may
+    change what a build does (listed once per process: the kept parse and the record both stamp them)."""
     base = Path(__file__).resolve().parents[1]
-    return tuple(sorted(str(p) for p in base.rglob("*.py") if "__pycache__" not in p.parts))
+    return tuple(sorted(str(p) for p in (*base.rglob("*.py"), *base.rglob("*.bpf")) if "__pycache__" not in p.parts))
 
 
 @dataclass
