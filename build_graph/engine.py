@@ -28,7 +28,7 @@ from build_graph.store.origins import BuildTrust, Origins
 from build_graph.store.peaks import Peaks
 from build_graph.store.state import STATE_FILE, BuildState
 from build_graph.store.trace import Trace
-from build_graph.store.uptodate import generation_path, stamp_of
+from build_graph.store.uptodate import generation_of, moved_by_others
 from build_graph.variants import Variant
 from build_graph.workspace import Workspace, host_platform
 
@@ -146,7 +146,7 @@ class Engine:
         self.cas = LocalCas(cache_dir, self.digester)
         # The cache's generation as this build found it: where another command moves it while
         # this one runs, what this build took may be gone or replaced, and it records nothing.
-        self.generation_at_start = stamp_of(generation_path(self.cas.layout_root))
+        self.generation_at_start = generation_of(self.cas.layout_root)
         self.ac = LocalActionCache(self.cas.base, self.cas.tmp)
         # Which results made elsewhere (a remote cache's, an executor's) this build takes: those
         # its own [remote] settings trust, whichever workspace filed them (store/origins.py).
@@ -341,7 +341,7 @@ class Engine:
 
         tools = self.host_tools_of(result)
         record = recording.of_build(self.cache_dir, summary, links, tools) if tools is not None else None
-        if record is not None and stamp_of(generation_path(self.cas.layout_root)) != self.generation_at_start:
+        if record is not None and moved_by_others(self.cas.layout_root, self.generation_at_start):
             # A gc, a repair or a --check that replaced a result ran beside this build (red team
             # R12): a record stamped with the new generation would keep what this build took.
             record = None

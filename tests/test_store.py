@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 
 import pytest
 
@@ -812,3 +813,28 @@ def test_a_blob_with_the_most_links_is_copied_into_a_tree_and_the_copy_is_checke
         assert upkeep.verify(cas.layout_root, B3).bad_trees == [dest.name]
     for i in range(n):
         os.unlink(crowd / str(i))
+
+
+def test_a_result_filed_over_another_moves_the_generation(tmp_path):
+    """Two builds at once of a non-reproducible action each file their own result under its key:
+    the second replaces the first, which a record or memo of the first build may hold (red team
+    R12). Filing other outputs (or another exit code) over an entry moves the cache's generation;
+    filing the same outputs again, or a first result, does not."""
+    from build_graph.store.uptodate import generation_path, stamp_of
+
+    cas = LocalCas(tmp_path / "cache", B3)
+    ac = LocalActionCache(cas.base, cas.tmp)
+    one, two = (ActionResult(cas.put_tree(Tree({"o": cas.put_bytes(data)})), 0, "", "", 0.1) for data in (b"1", b"2"))
+    generation = generation_path(cas.layout_root)
+
+    def moved(put) -> bool:
+        before = stamp_of(generation)
+        time.sleep(0.01)
+        put()
+        return stamp_of(generation) != before
+
+    assert not moved(lambda: ac.put("ab" * 32, one))  # the first result
+    assert not moved(lambda: ac.put("ab" * 32, ActionResult(one.output_tree, 0, "", "", 0.7)))  # same outputs, rerun
+    assert moved(lambda: ac.put("ab" * 32, two))  # other outputs
+    assert moved(lambda: ac.put("ab" * 32, ActionResult(two.output_tree, 1, "", "", 0.1)))  # another exit code
+    assert ac.get("ab" * 32).exit_code == 1

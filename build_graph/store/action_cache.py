@@ -53,17 +53,35 @@ class LocalActionCache:
             return None
 
     def put(self, key: str, result: ActionResult) -> None:
-        """File `result` under `key`: written beside, renamed into place (atomic)."""
+        """File `result` under `key`: written beside, renamed into place (atomic). Where it
+        replaces another result (other outputs or exit code: a non-reproducible action run by two
+        builds at once, or a result this build did not take), the cache's generation moves: a
+        record or memo of any request may have taken the one replaced (red team R12)."""
+        path = f"{self._root}/{key[:2]}/{key[2:]}.json"
+        before = self._outcome(path)
         # A counter-named staging file and the shard made only when missing: mkstemp's random
         # name and a mkdir per entry were half of filing a small action's result.
         tmp = stage(self._tmp, "a", self._names, orjson.dumps(result.to_json(), option=orjson.OPT_SORT_KEYS))
         try:
-            rename_into_shard(tmp, f"{self._root}/{key[:2]}/{key[2:]}.json")
+            rename_into_shard(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         self._listing.added(key)
+        if before is not None and before != (result.output_tree, result.exit_code):
+            from build_graph.store.uptodate import bump_generation
+            bump_generation(self.root.parent.parent)
+
+    @staticmethod
+    def _outcome(path: str) -> tuple[str | None, int] | None:
+        """(output tree, exit code) of the entry at `path`; None where there is none (or none readable)."""
+        try:
+            with open(path, "rb") as f:
+                found = orjson.loads(f.read())
+            return found.get("output_tree"), found.get("exit_code")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def touch(self, key: str) -> None:
         """Record a use of the entry (its mtime orders `bgraph cache gc --max-size`)."""

@@ -39,6 +39,7 @@ import hashlib
 import os
 import stat as stat_mod
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +249,37 @@ def generation_path(layout_root: Path) -> Path:
 def bump_generation(layout_root: Path) -> None:
     """The cache lost something: every no-op record of it stops holding (their next build checks
     each action again)."""
-    write_bytes(generation_path(layout_root), f"{time.time_ns()}\n".encode())
+    path = generation_path(layout_root)
+    before = generation_of(layout_root)
+    after = f"{time.time_ns()}\n".encode()
+    write_bytes(path, after)
+    with _OWN_LOCK:
+        _OWN_BUMPS.setdefault(str(path), []).append((before, after))
+
+
+def generation_of(layout_root: Path) -> bytes | None:
+    """The cache's generation as it is now (None: never bumped)."""
+    try:
+        return generation_path(layout_root).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def moved_by_others(layout_root: Path, since: bytes | None) -> bool:
+    """Whether the generation moved since it read `since`, other than by this process's own bumps
+    taken in turn from there (a build that evicted a damaged blob and ran its action again knows
+    what it did; another command's bump it cannot know)."""
+    with _OWN_LOCK:
+        own = list(_OWN_BUMPS.get(str(generation_path(layout_root)), ()))
+    seen = since
+    for before, after in own:
+        if before == seen:
+            seen = after
+    return generation_of(layout_root) != seen
+
+
+_OWN_BUMPS: dict[str, list[tuple[bytes | None, bytes]]] = {}  # generation file -> (before, after) this process wrote
+_OWN_LOCK = threading.Lock()
 
 
 class Recording:
