@@ -228,16 +228,6 @@ def _made(tree: Tree, path: str) -> bool:
     return rel is not None and isinstance(tree.entries.get(rel), FileEntry) and not _linked(tree, rel)
 
 
-def _absent(action: Action, path: str) -> bool:
-    """Whether `path` lies in a mount that holds nothing there, nor a link on the way."""
-    for mount, tree in action.inputs:
-        for root in _roots(action, mount):
-            if path.startswith(root + "/"):
-                rel = path[len(root) + 1:]
-                return tree.entries.get(rel) is None and not _linked(tree, rel)
-    return False
-
-
 def _linked(tree: Tree, rel: str) -> bool:
     """Whether a directory on `rel` is something other than a directory of `tree` (a link)."""
     parts = rel.split("/")
@@ -354,7 +344,8 @@ def _entry_at(action: Action, path: str):
 def _kind_at(action: Action, path: str) -> str:
     """What the directory a command names is, as the kernel resolves it in the sandbox (links
     followed across mounts, `..` after a link taken from where the link leads): "dir", "file",
-    "notdir" (a file on the way: a hard error), "absent", "loop", or "outside" (a host path)."""
+    "notdir" (a file on the way: a hard error), "absent", "loop", "outside" (a host path), or
+    "unknown" (`..` after a host path)."""
     return _resolved(action, path)[0]
 
 
