@@ -738,9 +738,7 @@ class LocalCas:
                     log.warning("cache blob %s had its mode changed; put back", entry.digest[:16])
                     os.chmod(copy, mode)
                     stamp = stat_stamp(os.stat(copy))
-                with self._stamp_lock:  # recorded only if nothing touched it while it was hashed
-                    if stat_stamp(os.stat(copy)) == stamp:
-                        self._stamps.set(name, stamp)
+                self._keep_stamp(name, copy, stamp)
         except FileNotFoundError:
             return self._restore_source(entry)
         except CorruptBlob as e:
@@ -1090,9 +1088,7 @@ class LocalCas:
                 return True
             if stat.S_IMODE(st.st_mode) == (0o555 if entry.executable else 0o444) and \
                     hash_file(path, self.digester) == entry.digest:
-                with self._stamp_lock:  # recorded only if nothing touched it while it was hashed
-                    if stat_stamp(os.lstat(path)) == stamp:
-                        self._stamps.set(_copy_name(entry, st), stamp)
+                self._keep_stamp(_copy_name(entry, st), path, stamp)
                 return True
         return self.verify(entry) and st.st_ino == os.stat(self._blob_str(entry.digest) + copy).st_ino
 
@@ -1112,9 +1108,14 @@ class LocalCas:
         st = os.lstat(target)
         if hash_file(str(target), self.digester) != entry.digest:  # the blob was verified just before: never
             raise CorruptBlob(f"blob {entry.digest[:16]} changed while it was copied")
+        self._keep_stamp(_copy_name(entry, st), str(target), stat_stamp(st))
+
+    def _keep_stamp(self, name: str, path: str, stamp) -> None:
+        """Record `stamp` as the one `path` (a blob, or a tree's copy of one) was hashed good
+        under, only if nothing touched the file while it was hashed (its stamp now is the same)."""
         with self._stamp_lock:
-            if stat_stamp(os.lstat(target)) == stat_stamp(st):
-                self._stamps.set(_copy_name(entry, st), stat_stamp(st))
+            if stat_stamp(os.lstat(path)) == stamp:
+                self._stamps.set(name, stamp)
 
     def _restamp(self, blob: Path, before: os.stat_result) -> None:
         """Linking a blob into a tree moves its ctime, part of the stamp `verify` just recorded:
