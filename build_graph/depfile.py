@@ -169,10 +169,12 @@ def sandbox_path(path: str) -> str:
     return norm[1:] if norm.startswith("//") else norm
 
 
-def _aliased(path: str) -> bool:
-    """Whether an absolute path reaches the sandbox's files through /proc (`/proc/self/root`,
-    `/proc/self/cwd`, a descriptor): what it names cannot be told from its spelling."""
-    return sandbox_path(path).startswith(("/proc/", "/dev/fd/")) or sandbox_path(path) in ("/proc", "/dev/fd")
+def _may_lie_in(path: str, roots: Iterable[str]) -> bool:
+    """Whether the absolute `path` (a compiler, a PATH entry) lies in one of `roots` however it is
+    spelled (`//root/...`), or reaches the sandbox's files through /proc (`/proc/self/root`,
+    `/proc/self/cwd`, a descriptor), where what it names cannot be told from its spelling."""
+    norm = sandbox_path(path)
+    return _inside(norm, roots) or norm in ("/proc", "/dev/fd") or norm.startswith(("/proc/", "/dev/fd/"))
 
 
 def stepped_out_of(path: str, cwd: str) -> list[str]:
@@ -335,12 +337,12 @@ def _driver_problem(word: str, env: Mapping[str, str], roots: tuple[str, ...]) -
     if "/" in word:
         if not word.startswith("/"):
             return f"the compiler {word} is a relative path"
-        if _inside(sandbox_path(word), roots) or _aliased(word):
+        if _may_lie_in(word, roots):
             return f"the compiler {word} lies inside a narrowed input"
     # Whatever names the driver, it finds `as` (and the programs its prefix lacks) through PATH
     # (red team R11: an assembler wrapper in the narrowed sources, driver /usr/bin/gcc).
     for entry in env.get("PATH", "").split(":"):
-        if not entry.startswith("/") or _inside(sandbox_path(entry), roots) or _aliased(entry):
+        if not entry.startswith("/") or _may_lie_in(entry, roots):
             return f"PATH entry {entry!r} could hold the compiler {word} or its assembler"
     return None
 
@@ -518,7 +520,7 @@ def nvcc_dependency_free(args: list[str], narrowed: Iterable[str]) -> tuple[list
         if name in _NVCC_HOST or name in _NVCC_BINDIR:
             value = value if eq else args[i + 1] if i + 1 < len(args) else ""
             if name in _NVCC_BINDIR:
-                if not value.startswith("/") or _inside(posixpath.normpath(value), roots):
+                if not value.startswith("/") or _may_lie_in(value, roots):
                     why = why or f"host compiler {value} lies inside a narrowed input (or is relative)"
             else:
                 # nvcc splits the value at commas, and the shell it runs the host compiler through

@@ -191,6 +191,8 @@ def test_nvcc_dependency_options_go_and_host_flags_are_checked():
         assert steered([*step[:-2], bad, *step[-2:]]), bad
         assert nvcc_dependency_free(["-Xcompiler", bad, "-c", "k.cu"], NARROWED)[1], bad
     assert "host compiler" in nvcc_dependency_free(["-ccbin", "/bgraph/src/bin/g++", "-c", "k.cu"], NARROWED)[1]
+    for spelled in ("//bgraph/src/bin/g++", "/proc/self/root/bgraph/src/bin/g++"):  # as the driver's check
+        assert "host compiler" in nvcc_dependency_free(["-ccbin", spelled, "-c", "k.cu"], NARROWED)[1], spelled
     assert nvcc_dependency_free(["-ccbin", "/usr/bin/g++", "-c", "k.cu"], NARROWED)[1] is None
 
 
