@@ -87,3 +87,50 @@ def test_a_host_file_is_never_kept(store, tmp_path):
     state = BuildState(state_path)
     assert state._query("SELECT count(*) FROM probes", ())[0] == 0
     state.close()
+
+
+# The scan's fast forms against the plain patterns they stand for (a look-behind first, which
+# `re` tries at every position): the same answer on pieces, tails, splices and #import in every
+# neighbourhood that matters (identifier characters on either side, comments, trigraphs).
+_PLAIN_PIECE = None
+
+
+def _plain_rare_piece(data: bytes) -> bool:
+    import re
+    global _PLAIN_PIECE
+    if _PLAIN_PIECE is None:
+        words = sorted(discovery._RARE_PIECES, key=len, reverse=True)
+        _PLAIN_PIECE = re.compile(rb"(?<![A-Za-z0-9_$])(?:" + b"|".join(words) + rb")(?![A-Za-z0-9_$])")
+    return _PLAIN_PIECE.search(data) is not None
+
+
+def _plain_tails(data: bytes) -> list[tuple[int, bytes]]:
+    import re
+    tail = re.compile(rb"(?<![A-Za-z0-9_$])(?:(?:a?s)?_)?include(?:_next)?(?![A-Za-z0-9_$])")
+    return [(m.start(), m.group(0)) for m in tail.finditer(data)]
+
+
+def _corpus() -> list[bytes]:
+    import itertools
+    import random
+    pieces = [b"__has_i", b"__has_include", b"has_include", b"_has_include_next", b"s_include", b"as_include",
+              b"include", b"_include", b"include_next", b"#include", b"__h", b"__has_", b"import", b"# import",
+              b"#/* c */import", b"%:import", b"??=import", b"#/* a\n b */ import", b"// import\n", b"important",
+              b"\\\n", b"??/\n", b"\\ \t\r\n", b"x", b"$", b"9", b"_", b" ", b"\n", b"/*", b"*/", b"\"", b"(", b"##"]
+    rng = random.Random(1234)
+    out = [a + b for a, b in itertools.product(pieces, repeat=2)]
+    out += [b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(20000)]
+    return out
+
+
+def test_the_fast_scans_answer_as_the_plain_patterns():
+    tails = discovery._TAILS
+    for data in _corpus():
+        assert discovery._rare_piece(data) == _plain_rare_piece(data), data
+        fast = [(s, w) for s, w in discovery._identifiers_at(data, b"include") if w in tails]
+        assert fast == _plain_tails(data), data
+        plain_spliced = discovery._SPLICES.sub(b"", data) if b"\\" in data or b"??/" in data else data
+        assert discovery._spliced(data) == plain_spliced, data
+        spliced = discovery._spliced(data)
+        plain_import = b"import" in spliced and discovery._IMPORT.search(discovery._code(spliced)) is not None
+        assert discovery._imports(spliced) == plain_import, data
