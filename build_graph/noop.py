@@ -39,8 +39,10 @@ class Request:
     root: Path
     digest: str
     state: Path  # the cache's state file (store/statefile.py), whose `records` row is the record
-    # The request less its targets: builds of other targets in the same workspace, cache and
-    # configuration share it, and the last one's memo serves a request that has no record yet.
+    # The request less its targets and the directory it was run from: builds of other targets in
+    # the same workspace, cache and configuration share it, and the last one's memo serves a
+    # request that has no record yet. (A target's plan never reads the current directory: only
+    # the request's own labels, which may be relative, and the links it prints do.)
     family: str = ""
 
 
@@ -81,7 +83,8 @@ def _request(args) -> Request | None:
                    getattr(args, "remote_accept_cached", False)],
         "env": {k: os.environ.get(k) for k in _ENV},
     }
-    family = uptodate.request_digest({k: v for k, v in parts.items() if k != "targets"})
+    family = uptodate.request_digest({**{k: v for k, v in parts.items() if k not in ("targets", "cwd")},
+                                      "state": str(state)})
     return Request(root, uptodate.request_digest(parts), state, family)
 
 

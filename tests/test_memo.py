@@ -159,6 +159,24 @@ def test_a_first_build_of_other_targets_takes_the_last_builds_memo(make_ws):
     assert ws.read_output("//p:top", "top.txt") == "1\nC\n"
 
 
+def test_the_last_builds_memo_serves_a_build_run_from_another_directory(make_ws):
+    """The directory bgraph is run from is no part of the family: a target's plan never reads it."""
+    import subprocess
+    import sys
+
+    from bgraph_testlib import hermetic_env
+
+    ws = make_ws(FILES)
+    age(ws.root)
+    assert reused(build(ws, "//p:c")) == 0
+    proc = subprocess.run([sys.executable, "-m", "build_graph", "-C", str(ws.root), "--cache-dir", str(ws.cache),
+                           "build", "//p:top"], capture_output=True, text=True, timeout=120,
+                          env=hermetic_env(ws.env), cwd=ws.root / "targets")
+    assert proc.returncode == 0, proc.stderr
+    assert "executed 3" in proc.stderr and reused(proc) == 2, proc.stderr
+    assert ws.read_output("//p:top", "top.txt") == "2\nc\n"
+
+
 def test_a_build_just_after_an_edit_keeps_the_reuse_for_the_next(make_ws):
     ws = ready(make_ws)
     ws.write({"c.txt": "h\n"})  # written now: its stamp cannot be trusted yet ("racily clean")
