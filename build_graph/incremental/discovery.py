@@ -187,6 +187,7 @@ def _spliced(data: bytes) -> bytes:
     return _BACKSLASH_SPLICES.sub(b"", data) if b"\\" in data else data
 
 
+@lru_cache(maxsize=4)  # a file's scan asks for it up to three times (_pasted, _lookups, _imports)
 def _code(data: bytes) -> bytes:
     """`data` (its line splices removed) as the preprocessor sees its tokens: each comment one
     blank (string and character literals kept whole)."""
