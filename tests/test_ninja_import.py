@@ -395,3 +395,57 @@ def test_a_link_to_a_skipped_copy_retargeted_recompiles(tmp_path, cache):
     assert clean.build("//c:obj").rc == 0
     obj, clean_obj = (w.root / "bgraph-out" / "c" / "obj" / "lib" / "main.o" for w in (ws, clean))
     assert obj.read_bytes() == clean_obj.read_bytes()
+
+
+# A path of a header's name that GCC skips in its lookup, whose meaning changes while every name
+# and link text stays (red team R13): the source genrule makes it (`make`, after `cp -a`); the
+# edit adds files to proj/. Each edit makes GCC read another header: the compile runs again.
+_SKIPPED = "-O1 -I/bgraph/src/tree/inc1 -I/bgraph/src/tree/inc2"
+SKIPPED_PATHS = {
+    "a dangling link whose target appears": (
+        "ln -s ../opt/real.h $OUT/tree/inc1/a.h", {"main.c": "#include <a.h>\nint f(void){return AV;}\n",
+                                                  "inc1/keep": "", "inc2/a.h": "#define AV 2\n"},
+        {"opt/real.h": "#define AV 77\n"}),
+    "a link to a directory that becomes a file": (
+        "ln -s ../opt/real $OUT/tree/inc1/a.h && (test ! -e $SRC/proj/flag || "
+        "(rm -r $OUT/tree/opt/real && echo '#define AV 5' > $OUT/tree/opt/real))",
+        {"main.c": "#include <a.h>\nint f(void){return AV;}\n", "inc1/keep": "", "inc2/a.h": "#define AV 2\n",
+         "opt/real/x": ""}, {"flag": ""}),
+    "an empty directory of the name that becomes a file": (
+        "(test -e $SRC/proj/flag && echo '#define AV 9' > $OUT/tree/inc1/a.h || mkdir $OUT/tree/inc1/a.h)",
+        {"main.c": "#include <a.h>\nint f(void){return AV;}\n", "inc1/keep": "", "inc2/a.h": "#define AV 2\n"},
+        {"flag": ""}),
+    "a link added on the way of a dangling one": (
+        "ln -s ../x $OUT/tree/inc1/sub && (test ! -e $SRC/proj/flag || ln -s y $OUT/tree/x)",
+        {"main.c": "#include <sub/a.h>\nint f(void){return AV;}\n", "inc1/keep": "", "inc2/sub/a.h": "#define AV 2\n",
+         "y/a.h": "#define AV 5\n"}, {"flag": ""}),
+}
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
+@pytest.mark.parametrize("case", sorted(SKIPPED_PATHS))
+def test_a_skipped_path_that_changes_meaning_recompiles(case, tmp_path, cache):
+    import oracle_lib as ol
+    make, files, edit = SKIPPED_PATHS[case]
+    targets = ol.C_TARGETS.replace('cmd = "cp -a $SRC/proj $OUT/tree"',
+                                   f'cmd = "cp -a $SRC/proj $OUT/tree && chmod -R u+w $OUT/tree && {make}"')
+    assert targets != ol.C_TARGETS
+
+    def ws_at(root: Path, cache_dir: Path, more: dict[str, str]) -> WS:
+        ws = WS(root, cache_dir)
+        ws.write({"WORKSPACE.toml": '[workspace]\nname = "skipped"\n', "targets/toolchains.toml": ol.TOOLCHAINS,
+                  "targets/c.toml": targets, "gen/build.ninja": HOST_NINJA.replace("-O1", _SKIPPED),
+                  **{f"proj/{k}": v for k, v in {**files, **more}.items()}})
+        return ws
+
+    ws = ws_at(tmp_path / "ws", cache / "host-skipped", {})
+    first = ws.build("//c:obj")
+    assert first.rc == 0, first.output[-3000:]
+    ws.write({f"proj/{k}": v for k, v in edit.items()})
+    run = ws.build("//c:obj")
+    assert run.rc == 0, run.output[-3000:]
+    assert ran(run.json, ("NinjaCompile",)) == ["compile lib/main.o"], ran(run.json, ("NinjaCompile",))
+    clean = ws_at(tmp_path / "clean", tmp_path / "clean-cache", edit)
+    assert clean.build("//c:obj").rc == 0
+    obj, clean_obj = (w.root / "bgraph-out" / "c" / "obj" / "lib" / "main.o" for w in (ws, clean))
+    assert obj.read_bytes() == clean_obj.read_bytes(), case

@@ -352,6 +352,22 @@ def _links(tree: Tree) -> dict[str, str]:
     return found
 
 
+def _odd_kinds(action: Action, mount: str, tree: Tree, names) -> dict[str, str]:
+    """Path -> what it is, for each path of `tree` with one of `names` that is no file: "dir" (an
+    empty directory), "link to <kind>" (_kind_at of where it leads in the sandbox). GCC skips such a
+    path in a lookup, and what it is can change while every name and link text stays."""
+    index, root = tree.by_name(), _roots(action, mount)[0]
+    odd: dict[str, str] = {}
+    for name in names:
+        for path in index.get(name, ()):
+            entry = tree.entries[path]
+            if isinstance(entry, DirEntry):
+                odd[path] = "dir"
+            elif isinstance(entry, SymlinkEntry):
+                odd[path] = f"link to {_kind_at(action, f'{root}/{path}')}"
+    return odd
+
+
 def _entry_at(action: Action, path: str):
     """What the sandbox has at absolute, resolved-so-far `path`: an entry of a mount, "dir" (a
     directory of one, or one that mounts lie below), None (nothing), or "outside" (no mount holds
@@ -687,7 +703,12 @@ class Contents:
 # entries of 4 lack all of them. Since 7, each path is resolved in the sandbox (`//`, a link of
 # another mount into a narrowed one) and one that resolves to no input, output or host path keeps
 # the mounts whole: entries of 6 may have missed a file read through such a spelling.
-ENTRY_VERSION = 7
+# Since 8, each path of a recorded name that is no file (an empty directory, a link) is kept with
+# what it is, a link with what it resolves to in the sandbox ("kinds"), and a narrowed mount's links
+# must be those of the run, none added: GCC skips a dangling link or a directory of a header's name,
+# and a file appearing where one leads (or a link added on its way) left every name and link text
+# as it was (R13 dangling_link, dir_becomes_file).
+ENTRY_VERSION = 8
 Changed = list[tuple[str, str, str, FileEntry | None]]  # (mount, path, digest read, entry now)
 Check = Callable[[Tree], str | None]  # given the earlier run's output tree: why it stands (None: it does not)
 
@@ -819,6 +840,8 @@ class Discovery:
         # Every link of each narrowed mount: a lookup that went through one to a file GCC then
         # skipped (a once-only copy) left no name of the link in the depfile (R8 mount_link_twin).
         links = {m: dict(_links(t)) for m, t in mounts.items() if m not in whole and _links(t)}
+        kinds = {m: k for m, t in mounts.items() if m not in whole
+                 for k in [_odd_kinds(action, m, t, names)] if k}
         for mount in whole:
             reads[mount] = {"*": mounts[mount].digest(files.digester)}
         indexes = {m: t.by_name() for m, t in mounts.items()}
@@ -830,7 +853,8 @@ class Discovery:
         entry: dict[str, Any] = {"reads": reads, "names": {m: {n: list(index[n]) for n in ordered if n in index}
                                                            for m, index in indexes.items()},
                                  "absent": {m: [n for n in ordered if n not in index] for m, index in indexes.items()},
-                                 "copies": copies, "dirs": dirs, "links": links, "version": ENTRY_VERSION}
+                                 "copies": copies, "dirs": dirs, "links": links, "kinds": kinds,
+                                 "version": ENTRY_VERSION}
         ops = self.macro_ops(action.argv)
         if ops is not None:
             record = files.macro_record(tree, self.record)
@@ -886,11 +910,24 @@ class Discovery:
                 other.append(f"include directory {path} was {kind}, is {now}")
                 if limit and len(changed) + len(other) >= limit:
                     return changed, other
-        for mount, recorded_links in entry.get("links", {}).items():
-            now_links = _links(action.input_tree(mount)) if mount in self.mounts else {}
-            if not recorded_links.items() <= now_links.items():
-                gone = sorted(p for p, t in recorded_links.items() if now_links.get(p) != t)
-                other.append(f"link {mount}/{gone[0]} changed")
+        for mount, read in entry.get("reads", {}).items():
+            if "*" in read:
+                continue  # taken whole: its digest was compared
+            recorded_links, now_links = entry.get("links", {}).get(mount, {}), _links(action.input_tree(mount))
+            if recorded_links != now_links:  # one added may change where another leads (R13 dirlink)
+                moved = sorted(p for p in recorded_links.keys() | now_links.keys()
+                               if recorded_links.get(p) != now_links.get(p))
+                other.append(f"link {mount}/{moved[0]} " + ("changed" if moved[0] in recorded_links else "added"))
+                if limit and len(changed) + len(other) >= limit:
+                    return changed, other
+        for mount, recorded in entry.get("names", {}).items():
+            if mount not in self.mounts or "*" in entry["reads"].get(mount, {}):
+                continue
+            now_kinds = _odd_kinds(action, mount, action.input_tree(mount), recorded)
+            was = entry.get("kinds", {}).get(mount, {})
+            if now_kinds != was:
+                path = sorted(p for p in now_kinds.keys() | was.keys() if now_kinds.get(p) != was.get(p))[0]
+                other.append(f"{mount}/{path} was {was.get(path, 'a file')}, is {now_kinds.get(path, 'a file')}")
                 if limit and len(changed) + len(other) >= limit:
                     return changed, other
         for mount, absent in entry.get("absent", {}).items():
