@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,26 @@ def test_isystem_header_under_mmd_recompiles_the_host_object(ws, tmp_path):
     (clean.root / "proj" / "sys" / "host_value.h").write_text("#define HOST_VALUE 43\n")
     assert clean.build(LABEL, args=("-j", "2")).rc == 0
     assert (clean.root / "bgraph-out" / "gen" / "mod" / "mod" / "mod.so").read_bytes() == lib.read_bytes()
+
+
+def test_a_generated_tu_with_no_external_name_gets_one_module_id(tmp_path, cache):
+    """cudafe++ names a TU that defines nothing external by the time of its source file (a stat
+    of --orig_src_path_name), or by the clock where it cannot see the file: the generated .cu
+    lives in the staged build directory, and the step is given it there. A rerun a second later
+    (`--check`) gives the same bytes."""
+    ws = new_ws(tmp_path / "ws", cache)
+    internal = GENERATOR.replace(
+        "'#include \"scale.h\"\\n__global__ void k(float* x) { x[threadIdx.x] *= SCALE; }\\n'\n"
+        "            'void launch(float* x) { k<<<1, 32>>>(x); }\\n'",
+        "'#include \"scale.h\"\\nnamespace { __global__ void k(float* x) { x[threadIdx.x] *= SCALE; } }\\n'\n"
+        "            'static void launch(float* x) { k<<<1, 32>>>(x); }\\n'")
+    assert internal != GENERATOR
+    (ws.root / "gen.py").write_text(internal)
+    first = ws.build(LABEL)
+    assert first.rc == 0, first.output[-3000:]
+    time.sleep(1.2)  # the clock cudafe++ falls back to counts seconds
+    check = ws.build(LABEL, args=("--check",))
+    assert check.rc == 0 and check.json["differing"] == [], check.output[-3000:]
 
 
 def test_output_glob_matching_nothing_is_one_error_line(tmp_path, cache):

@@ -117,11 +117,15 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
             argv, outputs = list(s.argv), [s.output_path(n) for n in s.outputs]
             record = ""
             stem = f"{object_name.removesuffix('.o')}.{s.kind}{'.' + s.arch if s.arch else ''}"
+            staged = view.staged if s.reads_source else None
             if s.kind == "cudafe":
                 # cudafe++ derives the module id from the source file it names (stat of
                 # --orig_src_path_name); when it cannot see the file it uses the clock, and the
-                # id reaches the host code. It gets that one file, nothing else of the tree.
-                inputs.update(_source_file(nvcc_args, view))
+                # id reaches the host code. It gets that one file, nothing else of the tree: at
+                # its mount, or staged into /bgraph/out where the TU is a file of a staged build
+                # directory (a generated source: two builds gave two ids before).
+                found, staged = _source_file(nvcc_args, view)
+                inputs.update(found)
             if s.reads_source:
                 inputs.update(view.mounts)
                 argv += ["-MD", "-MF", f"{OUT}/{stem}.d"]
@@ -141,7 +145,7 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
                 f"{s.kind} {name}" + (f" {arch}" if (arch := shown.get(index, s.arch) if s.kind == "devpp" else s.arch)
                                       else ""), STEP_MNEMONIC[s.kind], argv, inputs=inputs,
                 outputs=outputs, env=env, toolchain=toolchain, memory_mb=view.memory_mb if heavy else 256,
-                cwd=view.cwd if s.reads_source else OUT, staged=view.staged if s.reads_source else None,
+                cwd=view.cwd if s.reads_source else OUT, staged=staged,
                 discovery=discovery)
         return action
 
@@ -152,14 +156,17 @@ def compile_tu(ctx: RuleContext, name: str, nvcc_args: list[str], object_name: s
     return done[str(len(steps) - 1)].tree.entries[last.output_path(last.outputs[0])]
 
 
-def _source_file(nvcc_args: list[str], view: SourceView) -> dict[str, Tree]:
-    """The TU's source file alone, at its mount: {mount: Tree({path: entry})} (empty if unknown)."""
+def _source_file(nvcc_args: list[str], view: SourceView) -> tuple[dict[str, Tree], str | None]:
+    """The TU's source file alone, at its mount: ({mount: Tree({path: entry})}, the mount where
+    the file is seen through the staged build directory at /bgraph/out, else None); ({}, None)
+    if unknown."""
     src = _source(nvcc_args)
     for mount, tree in view.mounts.items():
-        rel = src[len(mount) + 1:] if src.startswith(mount + "/") else None
-        if rel and rel in tree.entries:
-            return {mount: Tree({rel: tree.entries[rel]})}
-    return {}
+        for root in (mount, OUT) if mount == view.staged else (mount,):
+            rel = src[len(root) + 1:] if src.startswith(root + "/") else None
+            if rel and rel in tree.entries:
+                return {mount: Tree({rel: tree.entries[rel]})}, mount if root == OUT else None
+    return {}, None
 
 
 def _source(nvcc_args: list[str]) -> str:
