@@ -83,8 +83,7 @@ def _request(args) -> Request | None:
                    getattr(args, "remote_accept_cached", False)],
         "env": {k: os.environ.get(k) for k in _ENV},
     }
-    family = uptodate.request_digest({**{k: v for k, v in parts.items() if k not in ("targets", "cwd")},
-                                      "state": str(state)})
+    family = uptodate.request_digest({k: v for k, v in parts.items() if k not in ("targets", "cwd")})
     return Request(root, uptodate.request_digest(parts), state, family)
 
 

@@ -2,7 +2,10 @@
 file): by a stored file's content digest and the digest of the code that scans it, never by a host
 path, and a damaged row is scanned again."""
 
+import itertools
 import os
+import random
+import re
 
 import pytest
 
@@ -92,27 +95,16 @@ def test_a_host_file_is_never_kept(store, tmp_path):
 # The scan's fast forms against the plain patterns they stand for (a look-behind first, which
 # `re` tries at every position): the same answer on pieces, tails, splices and #import in every
 # neighbourhood that matters (identifier characters on either side, comments, trigraphs).
-_PLAIN_PIECE = None
-
-
-def _plain_rare_piece(data: bytes) -> bool:
-    import re
-    global _PLAIN_PIECE
-    if _PLAIN_PIECE is None:
-        words = sorted(discovery._RARE_PIECES, key=len, reverse=True)
-        _PLAIN_PIECE = re.compile(rb"(?<![A-Za-z0-9_$])(?:" + b"|".join(words) + rb")(?![A-Za-z0-9_$])")
-    return _PLAIN_PIECE.search(data) is not None
+_PLAIN_PIECE = re.compile(rb"(?<![A-Za-z0-9_$])(?:" + b"|".join(sorted(discovery._RARE_PIECES, key=len, reverse=True))
+                          + rb")(?![A-Za-z0-9_$])")
+_PLAIN_TAIL = re.compile(rb"(?<![A-Za-z0-9_$])(?:(?:a?s)?_)?include(?:_next)?(?![A-Za-z0-9_$])")
 
 
 def _plain_tails(data: bytes) -> list[tuple[int, bytes]]:
-    import re
-    tail = re.compile(rb"(?<![A-Za-z0-9_$])(?:(?:a?s)?_)?include(?:_next)?(?![A-Za-z0-9_$])")
-    return [(m.start(), m.group(0)) for m in tail.finditer(data)]
+    return [(m.start(), m.group(0)) for m in _PLAIN_TAIL.finditer(data)]
 
 
 def _corpus() -> list[bytes]:
-    import itertools
-    import random
     pieces = [b"__has_i", b"__has_include", b"has_include", b"_has_include_next", b"s_include", b"as_include",
               b"include", b"_include", b"include_next", b"#include", b"__h", b"__has_", b"import", b"# import",
               b"#/* c */import", b"%:import", b"??=import", b"#/* a\n b */ import", b"// import\n", b"important",
@@ -126,7 +118,7 @@ def _corpus() -> list[bytes]:
 def test_the_fast_scans_answer_as_the_plain_patterns():
     tails = discovery._TAILS
     for data in _corpus():
-        assert discovery._rare_piece(data) == _plain_rare_piece(data), data
+        assert discovery._rare_piece(data) == (_PLAIN_PIECE.search(data) is not None), data
         fast = [(s, w) for s, w in discovery._identifiers_at(data, b"include") if w in tails]
         assert fast == _plain_tails(data), data
         plain_spliced = discovery._SPLICES.sub(b"", data) if b"\\" in data or b"??/" in data else data
